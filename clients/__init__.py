@@ -1,0 +1,1 @@
+"""Flower client adapters: thin ``NumPyClient`` wrappers over ``fedcond``'s training code."""

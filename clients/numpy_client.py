@@ -1,0 +1,118 @@
+"""The fedcond client: trains the shared (optionally fingerprint-conditioned) CNN on local data."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.client import NumPyClient
+from flwr.common import ArrayRecord, ConfigRecord, Context
+
+from fedcond import fingerprint as fp
+from fedcond import secure_sum
+from fedcond.client_data import ClientData
+from fedcond.config import RunConfig
+from fedcond.datasets import dataset_spec
+from fedcond.errors import FedcondError
+from fedcond.models import build_model, get_weights, set_weights
+from fedcond.training import TrainSettings, evaluate, train
+from fedcond.wire import UINT64, array_from_bytes, array_to_bytes
+
+FINGERPRINT_KEY = "fingerprint"
+SECURE_SUM_KEY = "secure-sum"
+
+# Keys of the messages between strategy and client (Flower configs, properties and metrics).
+STEP = "fedcond-step"
+STEP_KEYS = "secure-sum-keys"
+STEP_SHARE = "secure-sum-share"
+PUBLIC_KEY = "public-key"
+PUBLIC_KEYS = "public-keys"
+SESSION = "session"
+SHARE = "share"
+SERVER_ROUND = "server-round"
+FINGERPRINT_MEAN = "fingerprint-mean"
+FINGERPRINT_STD = "fingerprint-std"
+PARTITION_ID = "partition-id"
+CLUSTER = "cluster"
+TRAIN_LOSS = "train-loss"
+ACCURACY = "accuracy"
+
+
+class FedcondClient(NumPyClient):
+    """A client of ``fedavg`` (plain backbone) or ``conditional`` (backbone fed the fingerprint).
+
+    Flower rebuilds the client for every message, so everything that must outlive one message (the
+    fingerprint, the secure-sum key) lives in ``context.state``, never on ``self``.
+    """
+
+    def __init__(self, config: RunConfig, data: ClientData, context: Context, conditioned: bool) -> None:
+        config = config.resolved()
+        self.config = config
+        self.data = data
+        self.state = context.state
+        self.conditioned = conditioned
+        spec = dataset_spec(config.dataset)
+        self.model = build_model(
+            spec.image_shape, data.num_classes, config.fingerprint_dim if conditioned else 0, config.seed
+        )
+        self.train_settings = TrainSettings(
+            epochs=config.local_epochs,
+            batch_size=config.batch_size,
+            learning_rate=config.learning_rate,
+            momentum=config.momentum,
+        )
+
+    # -- the fingerprint: computed once, on local training data only, kept in client state --------
+    def raw_fingerprint(self) -> np.ndarray:
+        if FINGERPRINT_KEY not in self.state.array_records:
+            vector = fp.eigen_fingerprint(
+                self.data.train_x, self.data.train_y, self.data.num_classes, self.config.fingerprint_dim, self.config.seed
+            )
+            self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
+        return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]
+
+    def condition(self, config: dict[str, object]) -> np.ndarray | None:
+        """The normalised fingerprint the model is fed, or None for an unconditioned method."""
+        if not self.conditioned:
+            return None
+        raw = self.raw_fingerprint()
+        if self.config.normalisation == "log":
+            return fp.log_scale(raw)
+        if self.config.normalisation == "federated":
+            mean = array_from_bytes(config.get(FINGERPRINT_MEAN), FINGERPRINT_MEAN)
+            std = array_from_bytes(config.get(FINGERPRINT_STD), FINGERPRINT_STD)
+            return fp.standardise(raw, mean, std)
+        return raw
+
+    # -- setup: secure sum of (f, f^2, 1) for federated normalisation ---------------------------------
+    def get_properties(self, config: dict[str, object]) -> dict[str, object]:
+        step = config.get(STEP)
+        if step == STEP_KEYS:
+            private_key = secure_sum.new_private_key()
+            self.state.config_records[SECURE_SUM_KEY] = ConfigRecord({"private-key": private_key})
+            return {PUBLIC_KEY: secure_sum.public_key(private_key), PARTITION_ID: self.data.partition_id}
+        if step == STEP_SHARE:
+            if SECURE_SUM_KEY not in self.state.config_records:
+                raise FedcondError("secure sum share requested before key exchange; restart the run")
+            private_key = self.state.config_records[SECURE_SUM_KEY]["private-key"]
+            raw = self.raw_fingerprint()
+            values = np.concatenate([raw, raw**2, [1.0]])
+            share = secure_sum.masked_share(values, private_key, config[PUBLIC_KEYS], config[SESSION])
+            del self.state.config_records[SECURE_SUM_KEY]
+            return {SHARE: array_to_bytes(share, UINT64)}
+        raise FedcondError(f"unknown setup step {step!r}; server and client run different fedcond versions")
+
+    # -- federated rounds --------------------------------------------------------------------------------
+    def identity_metrics(self) -> dict[str, int]:
+        # The cluster id is ground truth sent for reporting (per-cluster accuracy) only.
+        return {PARTITION_ID: self.data.partition_id, CLUSTER: self.data.cluster}
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, object]) -> tuple[list[np.ndarray], int, dict[str, object]]:
+        set_weights(self.model, parameters)
+        server_round = int(config.get(SERVER_ROUND, 0))
+        seed = int(np.random.SeedSequence([self.config.seed, server_round, self.data.partition_id]).generate_state(1)[0])
+        loss = train(self.model, self.data.train_x, self.data.train_y, self.condition(config), self.train_settings, seed)
+        return get_weights(self.model), len(self.data.train_y), {**self.identity_metrics(), TRAIN_LOSS: loss}
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, object]) -> tuple[float, int, dict[str, object]]:
+        set_weights(self.model, parameters)
+        result = evaluate(self.model, self.data.test_x, self.data.test_y, self.condition(config))
+        return result.loss, result.num_samples, {**self.identity_metrics(), ACCURACY: result.accuracy}

@@ -1,0 +1,124 @@
+"""The ``fedcond`` command: validate settings, then hand the run to ``flwr run`` as a simulation.
+
+``fedcond run method=fedavg num-server-rounds=20`` is ``flwr run`` with the node count, Ray
+resources, offline environment and an absolute results folder filled in for you.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+
+# flwr 1.42 checks for updates, posts telemetry and rebuilds the app's environment per run unless
+# told not to; all three fail or mislead on a machine without internet.
+OFFLINE_ENVIRONMENT = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def app_directory() -> Path:
+    """The Flower app (the folder whose pyproject.toml declares it): the source checkout."""
+    folder = Path(__file__).resolve().parent.parent
+    pyproject = folder / "pyproject.toml"
+    if not pyproject.is_file() or "tool" not in tomllib.loads(pyproject.read_text()):
+        raise FedcondError(f"no Flower app at {folder}; install fedcond from a source checkout (pip install -e .)")
+    return folder
+
+
+def parse_assignments(assignments: Sequence[str]) -> dict[str, object]:
+    """``key=value`` words into run-config values (TOML literals; bare words are strings)."""
+    values: dict[str, object] = {}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep or not key:
+            raise FedcondError(f"'{assignment}' is not key=value; write e.g. method=fedavg")
+        try:
+            values[key.strip()] = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            values[key.strip()] = raw.strip()
+    return values
+
+
+def default_config() -> dict[str, object]:
+    return tomllib.loads((app_directory() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def to_run_config_string(values: dict[str, object]) -> str:
+    """Flower's ``--run-config`` syntax: space-separated TOML assignments, strings quoted."""
+    return " ".join(f"{key}={json.dumps(value)}" for key, value in values.items())
+
+
+def prepare(assignments: Sequence[str]) -> tuple[RunConfig, dict[str, object]]:
+    """Validate everything (data files included) before Flower starts, and fill the results folder."""
+    from fedcond.methods import get_method
+    from fedcond.scenarios import scenario_for, validate_without_data
+
+    overrides = parse_assignments(assignments)
+    config = RunConfig.from_mapping({**default_config(), **overrides})
+    validate_without_data(config)
+    get_method(config.method)
+    scenario_for(config)  # loads the data and splits it: missing or corrupt files stop here
+    results_dir = Path(config.results_dir or "results").expanduser().resolve()
+    overrides["results-dir"] = str(results_dir)
+    if config.data_dir:
+        overrides["data-dir"] = str(config.resolved_data_dir())
+    return config, overrides
+
+
+def run(assignments: Sequence[str], cpus_per_client: int) -> int:
+    config, overrides = prepare(assignments)
+    flwr = shutil.which("flwr") or str(Path(sys.executable).with_name("flwr"))
+    federation = f"num-supernodes={config.num_clients} client-resources-num-cpus={cpus_per_client}"
+    command = [flwr, "run", str(app_directory()), "--stream", "--run-config", to_run_config_string(overrides),
+               "--federation-config", federation]  # fmt: skip
+    environment = {**os.environ, **OFFLINE_ENVIRONMENT}
+    # flwr's local SuperLink keeps the cwd it starts in; a neutral one keeps it out of the source tree.
+    flwr_home = Path(environment.get("FLWR_HOME", Path.home() / ".flwr"))
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    print(f"fedcond: {config.num_clients} clients, results under {overrides['results-dir']}", flush=True)
+    return subprocess.call(command, env=environment, cwd=flwr_home)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedcond", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="run one Flower simulation: fedcond run key=value ...")
+    run_parser.add_argument("settings", nargs="*", help="run-config overrides, e.g. method=fedavg num-clusters=5")
+    run_parser.add_argument("--cpus-per-client", type=int, default=1, help="Ray CPUs per virtual client (default 1)")
+    commands.add_parser("list", help="list methods, datasets and scenarios")
+    arguments = parser.parse_args(argv)
+    try:
+        if arguments.command == "list":
+            return list_choices()
+        return run(arguments.settings, arguments.cpus_per_client)
+    except FedcondError as error:
+        print(f"fedcond: error: {error}", file=sys.stderr)
+        return 2
+
+
+def list_choices() -> int:
+    from fedcond.datasets import DATASETS
+    from fedcond.methods import registry
+    from fedcond.scenarios import SCENARIOS
+
+    print("methods:   " + ", ".join(f"{name} ({method.summary})" for name, method in registry().items()))
+    print("datasets:  " + ", ".join(DATASETS))
+    print("scenarios: " + ", ".join(SCENARIOS))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""The run configuration: Flower's kebab-case run config, typed, validated and resolved.
+
+Every key lives in ``[tool.flwr.app.config]`` of ``pyproject.toml`` and can be overridden with
+``flwr run . --run-config 'key=value'``. ``RunConfig.from_mapping`` is the single place where those
+raw values become typed settings, so ServerApp, ClientApp and CLI all agree on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from fedcond.errors import FedcondError
+
+NORMALISATIONS = ("none", "log", "federated")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """All settings of one run; field ``foo_bar`` is run-config key ``foo-bar``."""
+
+    method: str = "conditional"
+    dataset: str = "digits"
+    scenario: str = "label-shift"
+    num_clusters: int = 3
+    clients_per_cluster: int = 5
+    num_server_rounds: int = 10
+    # 0 means "the dataset's default" (see fedcond.datasets.DATASETS); run.json records the value used.
+    local_epochs: int = 0
+    batch_size: int = 0
+    learning_rate: float = 0.01
+    momentum: float = 0.9
+    fingerprint_dim: int = 32
+    normalisation: str = "federated"
+    seed: int = 0
+    data_dir: str = ""
+    results_dir: str = ""
+    run_name: str = ""
+    verbose: bool = True
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> RunConfig:
+        """Build from a run-config mapping (kebab-case keys); unknown keys and bad types are errors."""
+        by_key = {field.name.replace("_", "-"): field for field in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, raw in mapping.items():
+            field = by_key.get(key)
+            if field is None:
+                known = ", ".join(sorted(by_key))
+                raise FedcondError(f"unknown run-config key '{key}'; known keys: {known}")
+            values[field.name] = _coerce(key, raw, _field_type(field))
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The kebab-case mapping ``from_mapping`` accepts (and ``run.json`` stores)."""
+        return {name.replace("_", "-"): value for name, value in dataclasses.asdict(self).items()}
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with some settings changed, validated again."""
+        config = dataclasses.replace(self, **changes)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Check the settings that need no data; data-dependent checks happen in ``scenarios``."""
+        positive = {
+            "num-clusters": self.num_clusters,
+            "clients-per-cluster": self.clients_per_cluster,
+            "num-server-rounds": self.num_server_rounds,
+            "fingerprint-dim": self.fingerprint_dim,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                raise FedcondError(f"{key} must be at least 1 (got {value})")
+        for key, value in {"local-epochs": self.local_epochs, "batch-size": self.batch_size}.items():
+            if value < 0:
+                raise FedcondError(f"{key} must be 0 (dataset default) or positive (got {value})")
+        if not self.learning_rate > 0:
+            raise FedcondError(f"learning-rate must be positive (got {self.learning_rate})")
+        if not 0 <= self.momentum < 1:
+            raise FedcondError(f"momentum must be in [0, 1) (got {self.momentum})")
+        if self.normalisation not in NORMALISATIONS:
+            raise FedcondError(
+                f"unknown normalisation '{self.normalisation}'; choose one of {', '.join(NORMALISATIONS)}"
+            )
+
+    def resolved(self) -> RunConfig:
+        """A copy with "dataset default" (0) settings replaced by the dataset's values."""
+        from fedcond.datasets import dataset_spec
+
+        spec = dataset_spec(self.dataset)
+        return self.replace(
+            local_epochs=self.local_epochs or spec.local_epochs,
+            batch_size=self.batch_size or spec.batch_size,
+        )
+
+    @property
+    def num_clients(self) -> int:
+        """How many Flower nodes the run needs: one per client."""
+        return self.num_clusters * self.clients_per_cluster
+
+    def resolved_data_dir(self) -> Path | None:
+        """``data-dir``, else ``$FEDCOND_DATA_DIR``, else None (dataset defaults apply)."""
+        chosen = self.data_dir or os.environ.get("FEDCOND_DATA_DIR", "")
+        return Path(chosen).expanduser().resolve() if chosen else None
+
+
+def _field_type(field: dataclasses.Field[Any]) -> type:
+    # Annotations are strings under `from __future__ import annotations`.
+    return {"str": str, "int": int, "float": float, "bool": bool}[str(field.type)]
+
+
+def _coerce(key: str, raw: Any, wanted: type) -> Any:
+    """Accept TOML's natural spellings (``5`` for a float, ``"true"`` for a bool), nothing looser."""
+    if wanted is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+    elif wanted is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        if isinstance(raw, float) and raw.is_integer():
+            return int(raw)
+    elif wanted is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+    elif isinstance(raw, str):
+        return raw
+    raise FedcondError(f"run-config key '{key}' needs a {wanted.__name__}, got {raw!r}")

@@ -1,0 +1,120 @@
+"""Per-round history and the run's results folder (``history.csv``, ``run.json``).
+
+One folder per run, written as the run goes: an interrupted run leaves every finished round on disk.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from fedcond.config import RunConfig
+
+HISTORY_COLUMNS = (
+    "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up",
+)  # fmt: skip
+PACKAGES = ("fedcond", "flwr", "torch", "torchvision", "numpy", "scikit-learn", "ray")
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What one round produced, aggregated over clients (sample-weighted means)."""
+
+    round: int
+    accuracy: float
+    loss: float
+    train_loss: float
+    seconds: float
+    elapsed_seconds: float
+    bytes_down: int
+    bytes_up: int
+    cluster_accuracy: dict[int, float] = field(default_factory=dict)
+
+    def as_row(self, num_clusters: int) -> dict[str, Any]:
+        row: dict[str, Any] = {column: getattr(self, column) for column in HISTORY_COLUMNS}
+        for cluster in range(num_clusters):
+            row[f"accuracy_cluster_{cluster}"] = self.cluster_accuracy.get(cluster, float("nan"))
+        return row
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def default_run_name(config: RunConfig) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return (
+        f"{config.method}-{config.dataset}-{config.scenario}-k{config.num_clusters}"
+        f"-n{config.clients_per_cluster}-s{config.seed}-{stamp}"
+    )
+
+
+def results_folder(config: RunConfig) -> Path:
+    """The run's own folder: absolute, created, and never an existing run's folder."""
+    base = Path(config.results_dir).expanduser() if config.results_dir else Path.cwd() / "results"
+    base = base.resolve()
+    name = config.run_name or default_run_name(config)
+    folder, suffix = base / name, 1
+    while folder.exists():
+        suffix += 1
+        folder = base / f"{name}-{suffix}"
+    folder.mkdir(parents=True)
+    return folder
+
+
+class RunRecorder:
+    """Writes ``run.json`` at the start and end of a run, and a ``history.csv`` row per round."""
+
+    def __init__(self, folder: Path, config: RunConfig, details: dict[str, Any], num_clusters: int) -> None:
+        self.folder = folder
+        self.num_clusters = num_clusters
+        self.records: list[RoundRecord] = []
+        self._info: dict[str, Any] = {
+            "config": config.to_mapping(),
+            **details,
+            "versions": package_versions(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "status": "running",
+        }
+        self._write_info()
+        columns = list(RoundRecord(0, 0, 0, 0, 0, 0, 0, 0).as_row(num_clusters))
+        with self.history_path.open("w", newline="") as handle:
+            csv.DictWriter(handle, columns).writeheader()
+
+    @property
+    def history_path(self) -> Path:
+        return self.folder / "history.csv"
+
+    def add(self, record: RoundRecord) -> None:
+        self.records.append(record)
+        row = record.as_row(self.num_clusters)
+        with self.history_path.open("a", newline="") as handle:
+            csv.DictWriter(handle, list(row)).writerow(row)
+
+    def finish(self, extra: dict[str, Any] | None = None) -> None:
+        last = self.records[-1] if self.records else None
+        self._info.update(
+            status="finished",
+            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            rounds_completed=len(self.records),
+            final_accuracy=last.accuracy if last else None,
+            final_loss=last.loss if last else None,
+            total_seconds=last.elapsed_seconds if last else None,
+            **(extra or {}),
+        )
+        self._write_info()
+
+    def _write_info(self) -> None:
+        (self.folder / "run.json").write_text(json.dumps(self._info, indent=2, default=str) + "\n")

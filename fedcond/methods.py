@@ -1,0 +1,66 @@
+"""The method registry: a method is a client behaviour paired with a strategy, found by name.
+
+Adding a method is one new file (its client and/or strategy) plus one line in ``METHODS``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.history import RunRecorder
+
+if TYPE_CHECKING:
+    from flwr.client import NumPyClient
+    from flwr.common import Context
+    from flwr.server.strategy import Strategy
+
+    from fedcond.client_data import ClientData
+
+
+@dataclass(frozen=True)
+class ServerSetup:
+    """What a strategy is built from."""
+
+    config: RunConfig
+    num_classes: int
+    num_clusters: int
+    conditioned: bool
+    recorder: RunRecorder | None
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named pairing: how each client behaves and which strategy the server runs."""
+
+    name: str
+    summary: str
+    conditioned: bool
+    make_client: Callable[[RunConfig, ClientData, Context, bool], NumPyClient]
+    make_strategy: Callable[[ServerSetup], Strategy]
+
+
+@functools.cache
+def registry() -> dict[str, Method]:
+    """Every method by name."""
+    # Imported here so that fedcond's core never imports Flower unless a method is actually used.
+    from clients.numpy_client import FedcondClient
+    from strategies.fedavg import FedcondFedAvg
+
+    methods = (
+        Method("fedavg", "one global backbone CNN, FedAvg over all clients", False, FedcondClient, FedcondFedAvg),
+        Method("conditional", "one global CNN fed each client's local fingerprint, FedAvg", True, FedcondClient, FedcondFedAvg),
+    )
+    return {method.name: method for method in methods}
+
+
+def get_method(name: str) -> Method:
+    """The registered method ``name``, or a one-line error listing the known ones."""
+    methods = registry()
+    if name not in methods:
+        raise FedcondError(f"unknown method '{name}'; choose one of {', '.join(methods)}")
+    return methods[name]

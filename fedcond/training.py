@@ -1,0 +1,99 @@
+"""Local training and evaluation, identical for every method: SGD, cross-entropy, mini-batches."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedcond.errors import FedcondError
+
+EVAL_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    momentum: float
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    accuracy: float
+    num_samples: int
+
+
+def pick_device() -> torch.device:
+    """CUDA when present, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def _condition_tensor(condition: np.ndarray | None, device: torch.device) -> torch.Tensor | None:
+    return None if condition is None else _tensor(condition.astype(np.float32)[None, :], device)
+
+
+def train(
+    model: nn.Module,
+    images: np.ndarray,
+    labels: np.ndarray,
+    condition: np.ndarray | None,
+    settings: TrainSettings,
+    seed: int,
+) -> float:
+    """Train in place for ``settings.epochs``; return the mean training loss of the last epoch.
+
+    The batch order comes from ``seed`` alone, so a client's update does not depend on which Ray
+    actor runs it or in which order: the same seed gives the same numbers.
+    """
+    device = pick_device()
+    model.to(device).train()
+    x, y = _tensor(images, device), _tensor(labels, device)
+    cond = _condition_tensor(condition, device)
+    optimiser = torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=settings.momentum)
+    criterion = nn.CrossEntropyLoss()
+    generator = torch.Generator().manual_seed(seed)
+    epoch_loss = math.nan
+    for _ in range(settings.epochs):
+        order = torch.randperm(len(x), generator=generator).to(device)
+        total, seen = 0.0, 0
+        for start in range(0, len(x), settings.batch_size):
+            batch = order[start : start + settings.batch_size]
+            optimiser.zero_grad()
+            loss = criterion(model(x[batch], cond), y[batch])
+            if not torch.isfinite(loss):
+                raise FedcondError(
+                    f"training loss became {loss.item()}; lower learning-rate (now {settings.learning_rate})"
+                )
+            loss.backward()
+            optimiser.step()
+            total += loss.item() * len(batch)
+            seen += len(batch)
+        epoch_loss = total / max(seen, 1)
+    return epoch_loss
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None) -> EvalResult:
+    """Mean cross-entropy and accuracy on ``images``; never changes the model."""
+    device = pick_device()
+    model.to(device).eval()
+    cond = _condition_tensor(condition, device)
+    total_loss, correct = 0.0, 0
+    for start in range(0, len(images), EVAL_BATCH):
+        x = _tensor(images[start : start + EVAL_BATCH], device)
+        y = _tensor(labels[start : start + EVAL_BATCH], device)
+        logits = model(x, cond)
+        total_loss += nn.functional.cross_entropy(logits, y, reduction="sum").item()
+        correct += int((logits.argmax(dim=1) == y).sum().item())
+    count = len(images)
+    return EvalResult(total_loss / count, correct / count, count)

@@ -1,0 +1,1 @@
+"""Flower strategy adapters: legacy ``flwr.server.strategy`` subclasses over ``fedcond``'s math."""

@@ -1,0 +1,63 @@
+"""The Flower ServerApp: validates the run, writes its results folder, runs the method's strategy."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from flwr.common import Context
+from flwr.server import Grid, ServerApp, ServerConfig
+from flwr.server.compat import start_grid
+
+from fedcond.config import RunConfig
+from fedcond.datasets import dataset_spec
+from fedcond.errors import FedcondError
+from fedcond.history import RunRecorder, results_folder
+from fedcond.methods import ServerSetup, get_method
+from fedcond.models import build_model, count_parameters
+from fedcond.scenarios import scenario_for, validate_without_data
+
+
+def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
+    """Everything the ServerApp does, given its settings; returns the run's recorder."""
+    validate_without_data(config)
+    config = config.resolved()
+    method = get_method(config.method)
+    scenario = scenario_for(config)
+    condition_dim = config.fingerprint_dim if method.conditioned else 0
+    model = build_model(dataset_spec(config.dataset).image_shape, scenario.num_classes, condition_dim, config.seed)
+    folder = results_folder(config)
+    details = {
+        "method": {"name": method.name, "summary": method.summary, "conditioned": method.conditioned},
+        "scenario": scenario.summary(),
+        "model_parameters": count_parameters(model),
+        "results_folder": str(folder),
+    }
+    recorder = RunRecorder(folder, config, details, scenario.num_clusters)
+    if config.verbose:
+        print(f"fedcond: {method.name} on {config.dataset} {config.scenario}", flush=True)
+        print(json.dumps(details["scenario"], indent=None), flush=True)
+        print(f"fedcond: results folder {folder}", flush=True)
+    setup = ServerSetup(config, scenario.num_classes, scenario.num_clusters, method.conditioned, recorder)
+    start_grid(grid=grid, strategy=method.make_strategy(setup), config=ServerConfig(num_rounds=config.num_server_rounds))
+    if config.verbose:
+        print(f"fedcond: finished; history.csv and run.json written to {folder}", flush=True)
+    return recorder
+
+
+def make_server_app(config: RunConfig | None = None) -> ServerApp:
+    """A ServerApp reading its settings from the run config, or from ``config`` when given (tests)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            run_server(grid, config or RunConfig.from_mapping(context.run_config))
+        except FedcondError as error:
+            print(f"fedcond: error: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+
+    return app
+
+
+app = make_server_app()
