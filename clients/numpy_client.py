@@ -64,7 +64,11 @@ class FedcondClient(NumPyClient):
     def raw_fingerprint(self) -> np.ndarray:
         if FINGERPRINT_KEY not in self.state.array_records:
             vector = fp.eigen_fingerprint(
-                self.data.train_x, self.data.train_y, self.data.num_classes, self.config.fingerprint_dim, self.config.seed
+                self.data.train_x,
+                self.data.train_y,
+                self.data.num_classes,
+                self.config.fingerprint_dim,
+                self.config.seed,
             )
             self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
         return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]
@@ -105,11 +109,17 @@ class FedcondClient(NumPyClient):
         # The cluster id is ground truth sent for reporting (per-cluster accuracy) only.
         return {PARTITION_ID: self.data.partition_id, CLUSTER: self.data.cluster}
 
-    def fit(self, parameters: list[np.ndarray], config: dict[str, object]) -> tuple[list[np.ndarray], int, dict[str, object]]:
+    def fit(
+        self, parameters: list[np.ndarray], config: dict[str, object]
+    ) -> tuple[list[np.ndarray], int, dict[str, object]]:
         set_weights(self.model, parameters)
         server_round = int(config.get(SERVER_ROUND, 0))
-        seed = int(np.random.SeedSequence([self.config.seed, server_round, self.data.partition_id]).generate_state(1)[0])
-        loss = train(self.model, self.data.train_x, self.data.train_y, self.condition(config), self.train_settings, seed)
+        seed = int(
+            np.random.SeedSequence([self.config.seed, server_round, self.data.partition_id]).generate_state(1)[0]
+        )
+        loss = train(
+            self.model, self.data.train_x, self.data.train_y, self.condition(config), self.train_settings, seed
+        )
         return get_weights(self.model), len(self.data.train_y), {**self.identity_metrics(), TRAIN_LOSS: loss}
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, object]) -> tuple[float, int, dict[str, object]]:

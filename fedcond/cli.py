@@ -26,6 +26,8 @@ OFFLINE_ENVIRONMENT = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
+    # A single-machine simulation needs no network: this makes the local Ray bind to loopback.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
 }
 
 
@@ -80,11 +82,16 @@ def prepare(assignments: Sequence[str]) -> tuple[RunConfig, dict[str, object]]:
 
 def run(assignments: Sequence[str], cpus_per_client: int) -> int:
     config, overrides = prepare(assignments)
-    flwr = shutil.which("flwr") or str(Path(sys.executable).with_name("flwr"))
+    flwr = str(Path(sys.executable).with_name("flwr"))
+    if not Path(flwr).is_file():
+        flwr = shutil.which("flwr") or "flwr"
     federation = f"num-supernodes={config.num_clients} client-resources-num-cpus={cpus_per_client}"
     command = [flwr, "run", str(app_directory()), "--stream", "--run-config", to_run_config_string(overrides),
                "--federation-config", federation]  # fmt: skip
     environment = {**os.environ, **OFFLINE_ENVIRONMENT}
+    # flwr starts `flower-superlink` by name: make this environment's scripts findable unactivated.
+    scripts = str(Path(sys.executable).parent)
+    environment["PATH"] = os.pathsep.join([scripts, environment.get("PATH", "")])
     # flwr's local SuperLink keeps the cwd it starts in; a neutral one keeps it out of the source tree.
     flwr_home = Path(environment.get("FLWR_HOME", Path.home() / ".flwr"))
     flwr_home.mkdir(parents=True, exist_ok=True)

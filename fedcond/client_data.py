@@ -25,7 +25,10 @@ class ClientData:
 
 
 def client_data_from_partition(
-    partition: ClientPartition, images: tuple[np.ndarray, np.ndarray], labels: tuple[np.ndarray, np.ndarray], num_classes: int
+    partition: ClientPartition,
+    images: tuple[np.ndarray, np.ndarray],
+    labels: tuple[np.ndarray, np.ndarray],
+    num_classes: int,
 ) -> ClientData:
     """Slice the train/test ``images`` and ``labels`` by the partition's indices."""
     (train_images, test_images), (train_labels, test_labels) = images, labels

@@ -40,6 +40,8 @@ class RunConfig:
     data_dir: str = ""
     results_dir: str = ""
     run_name: str = ""
+    # How long the server waits for all num-clusters x clients-per-cluster nodes to connect.
+    node_timeout: int = 60
     verbose: bool = True
 
     @classmethod
@@ -74,6 +76,7 @@ class RunConfig:
             "clients-per-cluster": self.clients_per_cluster,
             "num-server-rounds": self.num_server_rounds,
             "fingerprint-dim": self.fingerprint_dim,
+            "node-timeout": self.node_timeout,
         }
         for key, value in positive.items():
             if value < 1:

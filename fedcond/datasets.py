@@ -72,9 +72,7 @@ def _load_digits(_data_dir: Path | None) -> ImageDataset:
     labels = digits.target.astype(np.int64)
     # Digits has no official split: a fixed stratified half/half split keeps per-client test sets
     # large enough to measure (a client of 15 holds ~60 test samples) and never changes with `seed`.
-    train_x, test_x, train_y, test_y = train_test_split(
-        images, labels, test_size=0.5, stratify=labels, random_state=0
-    )
+    train_x, test_x, train_y, test_y = train_test_split(images, labels, test_size=0.5, stratify=labels, random_state=0)
     names = tuple(str(label) for label in range(10))
     return ImageDataset("digits", train_x, train_y, test_x, test_y, names)
 
@@ -87,9 +85,7 @@ def read_idx_gz(path: Path) -> np.ndarray:
     except FileNotFoundError:
         raise FedcondError(f"missing data file {path}") from None
     except (OSError, EOFError, zlib.error) as error:
-        raise FedcondError(
-            f"{path} is truncated or corrupt ({error}); replace it with a fresh copy"
-        ) from None
+        raise FedcondError(f"{path} is truncated or corrupt ({error}); replace it with a fresh copy") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise FedcondError(f"{path} is not an unsigned-byte idx file; replace it with a fresh copy")
     ndim = raw[3]
@@ -133,7 +129,9 @@ def _download_idx_folder(name: str) -> Path:
 
 def _locate_idx_folder(name: str, data_dir: Path | None) -> Path:
     if data_dir is not None and not data_dir.is_dir():
-        raise FedcondError(f"data-dir {data_dir} does not exist; set data-dir to the folder holding the {name} idx .gz files")
+        raise FedcondError(
+            f"data-dir {data_dir} does not exist; set data-dir to the folder holding the {name} idx .gz files"
+        )
     for folder in _idx_folder_candidates(name, data_dir):
         if _has_idx_files(folder):
             return folder
@@ -145,7 +143,7 @@ def _locate_idx_folder(name: str, data_dir: Path | None) -> Path:
         )
     try:
         return _download_idx_folder(name)
-    except Exception as error:  # noqa: BLE001 - any download failure means the same fix
+    except Exception as error:
         hint = "apt-get install -y dataset-fashion-mnist, or " if name == "fashion-mnist" else ""
         raise FedcondError(
             f"{name} is not available offline and could not be downloaded ({type(error).__name__}); "

@@ -53,7 +53,13 @@ def registry() -> dict[str, Method]:
 
     methods = (
         Method("fedavg", "one global backbone CNN, FedAvg over all clients", False, FedcondClient, FedcondFedAvg),
-        Method("conditional", "one global CNN fed each client's local fingerprint, FedAvg", True, FedcondClient, FedcondFedAvg),
+        Method(
+            "conditional",
+            "one global CNN fed each client's local fingerprint, FedAvg",
+            True,
+            FedcondClient,
+            FedcondFedAvg,
+        ),
     )
     return {method.name: method for method in methods}
 

@@ -22,7 +22,9 @@ class ConditionalCNN(nn.Module):
     (256 conv features).
     """
 
-    def __init__(self, image_shape: tuple[int, int, int], num_classes: int, condition_dim: int = 0, hidden: int = 128) -> None:
+    def __init__(
+        self, image_shape: tuple[int, int, int], num_classes: int, condition_dim: int = 0, hidden: int = 128
+    ) -> None:
         super().__init__()
         channels, height, width = image_shape
         if height % 4 or width % 4:

@@ -119,7 +119,10 @@ def build_scenario(dataset: ImageDataset, config: RunConfig) -> Scenario:
     check_scenario_name(config.scenario)
     scenario = SCENARIOS[config.scenario](dataset, config)
     for client in scenario.clients:
-        if len(client.train_indices) < MIN_TRAIN_SAMPLES_PER_CLIENT or len(client.test_indices) < MIN_TEST_SAMPLES_PER_CLIENT:
+        if (
+            len(client.train_indices) < MIN_TRAIN_SAMPLES_PER_CLIENT
+            or len(client.test_indices) < MIN_TEST_SAMPLES_PER_CLIENT
+        ):
             raise FedcondError(
                 f"client {client.partition_id} gets {len(client.train_indices)} training and "
                 f"{len(client.test_indices)} test samples; lower clients-per-cluster"

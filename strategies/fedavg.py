@@ -103,4 +103,3 @@ class FedcondFedAvg(FedAvg):
         if server_round == self.setup.config.num_server_rounds and self.setup.recorder is not None:
             self.setup.recorder.finish({"setup_bytes": self.setup_bytes})
         return record.loss, {"accuracy": record.accuracy}
-

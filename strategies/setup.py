@@ -17,18 +17,17 @@ from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.wire import UINT64, array_from_bytes
 
-NODE_WAIT_SECONDS = 600
-
 
 def all_clients(client_manager: ClientManager, config: RunConfig) -> list[ClientProxy]:
     """Every node, after checking there is exactly one per client of the scenario."""
     expected = config.num_clients
-    client_manager.wait_for(expected, timeout=NODE_WAIT_SECONDS)
+    client_manager.wait_for(expected, timeout=config.node_timeout)
     found = client_manager.num_available()
     if found != expected:
         raise FedcondError(
             f"the federation has {found} nodes but num-clusters x clients-per-cluster = "
-            f"{config.num_clusters} x {config.clients_per_cluster} = {expected}; run with "
+            f"{config.num_clusters} x {config.clients_per_cluster} = {expected} "
+            f"(waited {config.node_timeout} s); run with "
             f'--federation-config "num-supernodes={expected}" or change clients-per-cluster'
         )
     return list(client_manager.all().values())

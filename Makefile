@@ -1,0 +1,31 @@
+# Two commands do all the set-up: `make run` (the main job) and `make test` (the test suite).
+# Each creates .venv on first use with the pinned packages (pip takes torch from local disk here).
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.fedcond-installed
+
+.PHONY: run test lint clean-venv stop-superlink
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+# Extra settings go in ARGS: make run ARGS="method=fedavg num-clusters=5 num-server-rounds=20"
+run: $(STAMP)
+	$(BIN)/fedcond run $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# flwr's local SuperLink outlives `flwr run` and keeps the environment it started with.
+stop-superlink:
+	-pkill -f flower-superlink
+
+clean-venv:
+	rm -rf $(VENV)

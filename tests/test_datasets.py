@@ -1,0 +1,88 @@
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcond.datasets import IDX_FILES, dataset_spec, load_dataset, read_idx_gz
+from fedcond.errors import FedcondError
+
+SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def write_fake_mnist(folder: Path, train: int = 40, test: int = 20) -> None:
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_idx(folder / IDX_FILES["train_x"], rng.integers(0, 256, (train, 28, 28)))
+    write_idx(folder / IDX_FILES["train_y"], np.arange(train) % 10)
+    write_idx(folder / IDX_FILES["test_x"], rng.integers(0, 256, (test, 28, 28)))
+    write_idx(folder / IDX_FILES["test_y"], np.arange(test) % 10)
+
+
+def test_digits_needs_no_files_and_is_scaled():
+    digits = load_dataset("digits")
+    assert digits.image_shape == (1, 8, 8) and digits.num_classes == 10
+    assert len(digits.train_y) + len(digits.test_y) == 1797
+    assert digits.train_x.min() >= 0 and digits.train_x.max() <= 1
+
+
+def test_idx_folder_is_read_from_data_dir_or_its_subfolder(tmp_path):
+    write_fake_mnist(tmp_path / "mnist")
+    dataset = load_dataset("mnist", tmp_path)
+    assert dataset.train_x.shape == (40, 1, 28, 28) and dataset.test_y.shape == (20,)
+    assert dataset.train_x.dtype == np.float32 and dataset.train_x.max() <= 1.0
+    assert load_dataset("mnist", tmp_path) is dataset, "decoded once per process, then cached"
+
+
+def test_missing_idx_files_name_the_fix(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FedcondError, match=r"no mnist idx files.*data-dir"):
+        load_dataset("mnist", tmp_path / "empty")
+
+
+def test_missing_data_dir_names_the_fix(tmp_path):
+    with pytest.raises(FedcondError, match="does not exist"):
+        load_dataset("fashion-mnist", tmp_path / "nowhere")
+
+
+def test_truncated_file_is_reported(tmp_path):
+    write_fake_mnist(tmp_path)
+    target = tmp_path / IDX_FILES["train_x"]
+    target.write_bytes(target.read_bytes()[:-200])
+    with pytest.raises(FedcondError, match="truncated or corrupt"):
+        read_idx_gz(target)
+
+
+def test_header_and_payload_disagreeing_is_reported(tmp_path):
+    target = tmp_path / "bad.gz"
+    with gzip.open(target, "wb") as handle:
+        handle.write(bytes([0, 0, 0x08, 1]) + struct.pack(">I", 10) + bytes(5))
+    with pytest.raises(FedcondError, match="header says 10"):
+        read_idx_gz(target)
+
+
+def test_not_an_idx_file_is_reported(tmp_path):
+    target = tmp_path / "text.gz"
+    with gzip.open(target, "wb") as handle:
+        handle.write(b"hello world")
+    with pytest.raises(FedcondError, match="not an unsigned-byte idx"):
+        read_idx_gz(target)
+
+
+def test_unknown_dataset_lists_the_known_ones():
+    with pytest.raises(FedcondError, match="choose one of digits, mnist, fashion-mnist"):
+        dataset_spec("emnist")
+
+
+@pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="no offline MNIST copy beside the checkout")
+def test_real_mnist_offline_copy():
+    mnist = load_dataset("mnist", SHARED_MNIST)
+    assert mnist.train_x.shape == (60_000, 1, 28, 28) and mnist.test_x.shape == (10_000, 1, 28, 28)
+    assert np.bincount(mnist.train_y).min() > 5000

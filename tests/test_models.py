@@ -1,0 +1,40 @@
+import numpy as np
+import pytest
+import torch
+
+from fedcond.errors import FedcondError
+from fedcond.models import build_model, count_parameters, get_weights, set_weights
+
+
+def test_paper_mnist_network_has_425738_parameters_when_conditioned():
+    assert count_parameters(build_model((1, 28, 28), 10, 32, seed=0)) == 425_738
+    assert count_parameters(build_model((1, 28, 28), 10, 0, seed=0)) == 425_738 - 32 * 128
+
+
+@pytest.mark.parametrize(("shape", "condition_dim"), [((1, 28, 28), 32), ((1, 8, 8), 32), ((1, 8, 8), 0)])
+def test_output_shape(shape, condition_dim):
+    model = build_model(shape, 7, condition_dim, seed=0)
+    condition = torch.ones(1, condition_dim) if condition_dim else None
+    assert model(torch.zeros(5, *shape), condition).shape == (5, 7)
+
+
+def test_conditioning_changes_the_output():
+    model = build_model((1, 8, 8), 10, 4, seed=0)
+    images = torch.rand(3, 1, 8, 8)
+    assert not torch.allclose(model(images, torch.zeros(1, 4)), model(images, torch.ones(1, 4)))
+
+
+def test_same_seed_same_weights_and_weights_round_trip():
+    first, second = build_model((1, 8, 8), 10, 0, seed=3), build_model((1, 8, 8), 10, 0, seed=3)
+    for a, b in zip(get_weights(first), get_weights(second), strict=True):
+        np.testing.assert_array_equal(a, b)
+    other = build_model((1, 8, 8), 10, 0, seed=4)
+    set_weights(other, get_weights(first))
+    for a, b in zip(get_weights(first), get_weights(other), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_mismatched_weights_are_refused_with_a_clear_error():
+    conditioned, plain = build_model((1, 8, 8), 10, 32, seed=0), build_model((1, 8, 8), 10, 0, seed=0)
+    with pytest.raises(FedcondError, match="expects"):
+        set_weights(plain, get_weights(conditioned))

@@ -1,0 +1,67 @@
+"""End to end through Flower: ServerApp and ClientApps on Ray virtual clients (in-process)."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+from flwr.simulation import run_simulation
+
+from clients.app import make_client_app
+from fedcond.config import RunConfig
+from strategies.server_app import make_server_app
+
+BACKEND = {
+    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+    "init_args": {"num_cpus": 2, "include_dashboard": False, "_node_ip_address": "127.0.0.1"},
+}
+
+
+def simulate(config: RunConfig, num_supernodes: int | None = None) -> None:
+    run_simulation(
+        server_app=make_server_app(config),
+        client_app=make_client_app(config),
+        num_supernodes=num_supernodes or config.num_clients,
+        backend_config=BACKEND,
+    )
+
+
+def read_history(results: Path) -> tuple[list[dict[str, str]], dict]:
+    (folder,) = results.iterdir()
+    with (folder / "history.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    return rows, json.loads((folder / "run.json").read_text())
+
+
+@pytest.mark.parametrize("method", ["conditional", "fedavg"])
+def test_short_simulation_writes_a_finite_complete_history(tmp_path, method):
+    config = RunConfig(
+        method=method, num_clusters=2, clients_per_cluster=2, num_server_rounds=2,
+        local_epochs=1, results_dir=str(tmp_path / "results"), verbose=False,
+    )  # fmt: skip
+    simulate(config)
+    rows, info = read_history(tmp_path / "results")
+    assert [int(row["round"]) for row in rows] == [1, 2]
+    for row in rows:
+        assert 0.0 <= float(row["accuracy"]) <= 1.0
+        for column in ("loss", "train_loss", "seconds", "accuracy_cluster_0", "accuracy_cluster_1"):
+            assert math.isfinite(float(row[column])), column
+        assert int(row["bytes_down"]) > 0 and int(row["bytes_up"]) > 0
+    assert info["status"] == "finished" and info["rounds_completed"] == 2
+    assert info["config"]["method"] == method and info["config"]["local-epochs"] == 1
+    assert info["versions"]["flwr"] == "1.42.0"
+    # Only the conditional method runs the secure-sum setup for federated normalisation.
+    assert (info["setup_bytes"] > 0) == (method == "conditional")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_wrong_number_of_nodes_stops_before_training(tmp_path, capsys):
+    config = RunConfig(
+        num_clusters=2, clients_per_cluster=2, num_server_rounds=1, node_timeout=2, results_dir=str(tmp_path / "r")
+    )
+    simulate(config, num_supernodes=3)  # the in-process ServerApp stops; run_simulation returns
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedcond: error:")]
+    assert len(errors) == 1 and "the federation has 3 nodes" in errors[0] and "num-supernodes=4" in errors[0]
+    rows, info = read_history(tmp_path / "r")
+    assert rows == [] and info["status"] == "running"
