@@ -92,7 +92,7 @@ class FedcondClient(NumPyClient):
         if step == STEP_KEYS:
             private_key = secure_sum.new_private_key()
             self.state.config_records[SECURE_SUM_KEY] = ConfigRecord({"private-key": private_key})
-            return {PUBLIC_KEY: secure_sum.public_key(private_key), PARTITION_ID: self.data.partition_id}
+            return {PUBLIC_KEY: secure_sum.public_key(private_key)}
         if step == STEP_SHARE:
             if SECURE_SUM_KEY not in self.state.config_records:
                 raise FedcondError("secure sum share requested before key exchange; restart the run")

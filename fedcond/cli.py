@@ -63,12 +63,24 @@ def to_run_config_string(values: dict[str, object]) -> str:
     return " ".join(f"{key}={json.dumps(value)}" for key, value in values.items())
 
 
-def prepare(assignments: Sequence[str]) -> tuple[RunConfig, dict[str, object]]:
+def read_override_file(path: str | None) -> dict[str, object]:
+    """An experiment file: a flat TOML table of run-config keys (the format ``flwr run`` takes too)."""
+    if path is None:
+        return {}
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FedcondError(f"no experiment file {path}; see experiments/README.md for the ones that exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise FedcondError(f"{path} is not valid TOML ({error}); fix the file") from None
+
+
+def prepare(assignments: Sequence[str], override_file: str | None = None) -> tuple[RunConfig, dict[str, object]]:
     """Validate everything (data files included) before Flower starts, and fill the results folder."""
     from fedcond.methods import get_method
     from fedcond.scenarios import scenario_for, validate_without_data
 
-    overrides = parse_assignments(assignments)
+    overrides = {**read_override_file(override_file), **parse_assignments(assignments)}
     config = RunConfig.from_mapping({**default_config(), **overrides})
     validate_without_data(config)
     get_method(config.method)
@@ -80,12 +92,25 @@ def prepare(assignments: Sequence[str]) -> tuple[RunConfig, dict[str, object]]:
     return config, overrides
 
 
-def run(assignments: Sequence[str], cpus_per_client: int) -> int:
-    config, overrides = prepare(assignments)
+def default_gpus_per_client() -> float:
+    """A share of the GPU per virtual client where CUDA exists (Ray hides GPUs from 0-GPU actors)."""
+    import torch
+
+    return 0.25 if torch.cuda.is_available() else 0.0
+
+
+def run(
+    assignments: Sequence[str], cpus_per_client: int, gpus_per_client: float | None, override_file: str | None = None
+) -> int:
+    config, overrides = prepare(assignments, override_file)
+    gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     flwr = str(Path(sys.executable).with_name("flwr"))
     if not Path(flwr).is_file():
         flwr = shutil.which("flwr") or "flwr"
-    federation = f"num-supernodes={config.num_clients} client-resources-num-cpus={cpus_per_client}"
+    federation = (
+        f"num-supernodes={config.num_clients} client-resources-num-cpus={cpus_per_client} "
+        f"client-resources-num-gpus={gpus}"
+    )
     command = [flwr, "run", str(app_directory()), "--stream", "--run-config", to_run_config_string(overrides),
                "--federation-config", federation]  # fmt: skip
     environment = {**os.environ, **OFFLINE_ENVIRONMENT}
@@ -104,13 +129,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="run one Flower simulation: fedcond run key=value ...")
     run_parser.add_argument("settings", nargs="*", help="run-config overrides, e.g. method=fedavg num-clusters=5")
+    run_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
     run_parser.add_argument("--cpus-per-client", type=int, default=1, help="Ray CPUs per virtual client (default 1)")
+    run_parser.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=None,
+        help="GPU share per virtual client (0.25 with CUDA, else 0)",
+    )
     commands.add_parser("list", help="list methods, datasets and scenarios")
     arguments = parser.parse_args(argv)
     try:
         if arguments.command == "list":
             return list_choices()
-        return run(arguments.settings, arguments.cpus_per_client)
+        return run(arguments.settings, arguments.cpus_per_client, arguments.gpus_per_client, arguments.config)
     except FedcondError as error:
         print(f"fedcond: error: {error}", file=sys.stderr)
         return 2

@@ -36,6 +36,11 @@ class RoundRecord:
     bytes_up: int
     cluster_accuracy: dict[int, float] = field(default_factory=dict)
 
+    @staticmethod
+    def columns(num_clusters: int) -> list[str]:
+        """The ``history.csv`` header: the fixed columns, then one accuracy column per cluster."""
+        return [*HISTORY_COLUMNS, *(f"accuracy_cluster_{cluster}" for cluster in range(num_clusters))]
+
     def as_row(self, num_clusters: int) -> dict[str, Any]:
         row: dict[str, Any] = {column: getattr(self, column) for column in HISTORY_COLUMNS}
         for cluster in range(num_clusters):
@@ -89,9 +94,8 @@ class RunRecorder:
             "status": "running",
         }
         self._write_info()
-        columns = list(RoundRecord(0, 0, 0, 0, 0, 0, 0, 0).as_row(num_clusters))
         with self.history_path.open("w", newline="") as handle:
-            csv.DictWriter(handle, columns).writeheader()
+            csv.DictWriter(handle, RoundRecord.columns(num_clusters)).writeheader()
 
     @property
     def history_path(self) -> Path:
@@ -99,9 +103,8 @@ class RunRecorder:
 
     def add(self, record: RoundRecord) -> None:
         self.records.append(record)
-        row = record.as_row(self.num_clusters)
         with self.history_path.open("a", newline="") as handle:
-            csv.DictWriter(handle, list(row)).writerow(row)
+            csv.DictWriter(handle, RoundRecord.columns(self.num_clusters)).writerow(record.as_row(self.num_clusters))
 
     def finish(self, extra: dict[str, Any] | None = None) -> None:
         last = self.records[-1] if self.records else None

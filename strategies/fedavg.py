@@ -7,9 +7,10 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from clients.numpy_client import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND
+from clients.numpy_client import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, TRAIN_LOSS
 from fedcond.datasets import dataset_spec
 from fedcond.methods import ServerSetup
+from fedcond.metrics import weighted_mean
 from fedcond.models import build_model, get_weights
 from fedcond.wire import array_to_bytes
 from strategies.accounting import Failures, RoundTracker, by_partition, parameters_bytes, raise_on_failures
@@ -22,6 +23,10 @@ def initial_parameters(setup: ServerSetup) -> Parameters:
     condition_dim = config.fingerprint_dim if setup.conditioned else 0
     model = build_model(dataset_spec(config.dataset).image_shape, setup.num_classes, condition_dim, config.seed)
     return ndarrays_to_parameters(get_weights(model))
+
+
+def mean_train_loss(metrics: list[tuple[int, dict[str, Scalar]]]) -> dict[str, Scalar]:
+    return {TRAIN_LOSS: weighted_mean((float(m[TRAIN_LOSS]), count) for count, m in metrics)}
 
 
 class FedcondFedAvg(FedAvg):
@@ -47,6 +52,7 @@ class FedcondFedAvg(FedAvg):
             min_available_clients=num_clients,
             accept_failures=False,
             initial_parameters=initial_parameters(setup),
+            fit_metrics_aggregation_fn=mean_train_loss,
         )
         self.setup = setup
         self.tracker = RoundTracker(setup.recorder, setup.config.num_server_rounds, setup.config.verbose)
