@@ -1,4 +1,8 @@
-"""The fedcond client: trains the shared (optionally fingerprint-conditioned) CNN on local data."""
+"""The fedcond client: trains the shared (optionally fingerprint-conditioned) CNN on local data.
+
+``FedcondClient`` is the behaviour of fedavg, conditional, oracle, gossip and dac (train what you
+receive, return it); ``local``, ``ditto`` and ``ifca`` subclass it in their own modules.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,8 @@ from fedcond.client_data import ClientData
 from fedcond.config import RunConfig
 from fedcond.datasets import dataset_spec
 from fedcond.errors import FedcondError
-from fedcond.models import build_model, get_weights, set_weights
-from fedcond.training import TrainSettings, evaluate, train
+from fedcond.models import ConditionalCNN, build_model, get_weights, set_weights
+from fedcond.training import ProximalTerm, TrainSettings, evaluate, train
 from fedcond.wire import UINT64, array_from_bytes, array_to_bytes
 
 FINGERPRINT_KEY = "fingerprint"
@@ -23,6 +27,7 @@ SECURE_SUM_KEY = "secure-sum"
 STEP = "fedcond-step"
 STEP_KEYS = "secure-sum-keys"
 STEP_SHARE = "secure-sum-share"
+STEP_IDENTITY = "identity"
 PUBLIC_KEY = "public-key"
 PUBLIC_KEYS = "public-keys"
 SESSION = "session"
@@ -34,6 +39,7 @@ PARTITION_ID = "partition-id"
 CLUSTER = "cluster"
 TRAIN_LOSS = "train-loss"
 ACCURACY = "accuracy"
+CHOICE = "choice"
 
 
 class FedcondClient(NumPyClient):
@@ -49,16 +55,55 @@ class FedcondClient(NumPyClient):
         self.data = data
         self.state = context.state
         self.conditioned = conditioned
-        spec = dataset_spec(config.dataset)
-        self.model = build_model(
-            spec.image_shape, data.num_classes, config.fingerprint_dim if conditioned else 0, config.seed
-        )
+        self.model = self.fresh_model()
         self.train_settings = TrainSettings(
             epochs=config.local_epochs,
             batch_size=config.batch_size,
             learning_rate=config.learning_rate,
             momentum=config.momentum,
         )
+
+    def fresh_model(self) -> ConditionalCNN:
+        """The seeded initial model: identical on every client and on the server."""
+        condition_dim = self.config.fingerprint_dim if self.conditioned else 0
+        return build_model(
+            dataset_spec(self.config.dataset).image_shape, self.data.num_classes, condition_dim, self.config.seed
+        )
+
+    def stored_model(self, key: str) -> ConditionalCNN | None:
+        """A model this client keeps between rounds in ``context.state`` (None before the first save)."""
+        if key not in self.state.array_records:
+            return None
+        model = self.fresh_model()
+        set_weights(model, self.state.array_records[key].to_numpy_ndarrays())
+        return model
+
+    def store_model(self, key: str, model: ConditionalCNN) -> None:
+        self.state.array_records[key] = ArrayRecord(numpy_ndarrays=get_weights(model))
+
+    def round_seed(self, config: dict[str, object], stream: int = 0) -> int:
+        """Batch-order seed of this client in this round: independent of scheduling, so reproducible."""
+        server_round = int(config.get(SERVER_ROUND, 0))
+        sequence = np.random.SeedSequence([self.config.seed, server_round, self.data.partition_id, stream])
+        return int(sequence.generate_state(1)[0])
+
+    def train_locally(
+        self,
+        model: ConditionalCNN,
+        config: dict[str, object],
+        settings: TrainSettings | None = None,
+        stream: int = 0,
+        proximal: ProximalTerm | None = None,
+    ) -> float:
+        """Train ``model`` on this client's data (``stream`` separates several trainings per round)."""
+        return train(
+            model, self.data.train_x, self.data.train_y, self.condition(config), settings or self.train_settings,
+            self.round_seed(config, stream), proximal,
+        )  # fmt: skip
+
+    def evaluate_model(self, model: ConditionalCNN, config: dict[str, object]) -> tuple[float, int, dict[str, object]]:
+        result = evaluate(model, self.data.test_x, self.data.test_y, self.condition(config))
+        return result.loss, result.num_samples, {**self.identity_metrics(), ACCURACY: result.accuracy}
 
     # -- the fingerprint: computed once, on local training data only, kept in client state --------
     def raw_fingerprint(self) -> np.ndarray:
@@ -89,6 +134,9 @@ class FedcondClient(NumPyClient):
     # -- setup: secure sum of (f, f^2, 1) for federated normalisation ---------------------------------
     def get_properties(self, config: dict[str, object]) -> dict[str, object]:
         step = config.get(STEP)
+        if step == STEP_IDENTITY:
+            # Ground truth for Oracle (a reference, not a competitor) and for reporting only.
+            return self.identity_metrics()
         if step == STEP_KEYS:
             private_key = secure_sum.new_private_key()
             self.state.config_records[SECURE_SUM_KEY] = ConfigRecord({"private-key": private_key})

@@ -40,6 +40,10 @@ class RunConfig:
     data_dir: str = ""
     results_dir: str = ""
     run_name: str = ""
+    # Method-specific settings (run.json records them with the rest).
+    ditto_lambda: float = 1.0
+    ditto_personal_epochs: int = 5
+    dac_neighbours: int = 3
     # How long the server waits for all num-clusters x clients-per-cluster nodes to connect.
     node_timeout: int = 60
     verbose: bool = True
@@ -77,6 +81,8 @@ class RunConfig:
             "num-server-rounds": self.num_server_rounds,
             "fingerprint-dim": self.fingerprint_dim,
             "node-timeout": self.node_timeout,
+            "ditto-personal-epochs": self.ditto_personal_epochs,
+            "dac-neighbours": self.dac_neighbours,
         }
         for key, value in positive.items():
             if value < 1:
@@ -86,6 +92,8 @@ class RunConfig:
                 raise FedcondError(f"{key} must be 0 (dataset default) or positive (got {value})")
         if not self.learning_rate > 0:
             raise FedcondError(f"learning-rate must be positive (got {self.learning_rate})")
+        if self.ditto_lambda < 0:
+            raise FedcondError(f"ditto-lambda must be >= 0 (got {self.ditto_lambda})")
         if not 0 <= self.momentum < 1:
             raise FedcondError(f"momentum must be in [0, 1) (got {self.momentum})")
         if self.normalisation not in NORMALISATIONS:

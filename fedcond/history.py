@@ -17,7 +17,7 @@ from typing import Any
 from fedcond.config import RunConfig
 
 HISTORY_COLUMNS = (
-    "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up",
+    "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up", "ari",
 )  # fmt: skip
 PACKAGES = ("fedcond", "flwr", "torch", "torchvision", "numpy", "scikit-learn", "ray")
 
@@ -35,6 +35,8 @@ class RoundRecord:
     bytes_down: int
     bytes_up: int
     cluster_accuracy: dict[int, float] = field(default_factory=dict)
+    # Adjusted Rand Index of the clients' model choices against the true clusters (IFCA), else NaN.
+    ari: float = float("nan")
 
     @staticmethod
     def columns(num_clusters: int) -> list[str]:

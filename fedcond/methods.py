@@ -48,19 +48,27 @@ class Method:
 def registry() -> dict[str, Method]:
     """Every method by name."""
     # Imported here so that fedcond's core never imports Flower unless a method is actually used.
+    from clients.ditto_client import DittoClient
+    from clients.ifca_client import IfcaClient
+    from clients.local_client import LocalClient
     from clients.numpy_client import FedcondClient
+    from strategies.cluster_models import IfcaStrategy, OracleStrategy
     from strategies.fedavg import FedcondFedAvg
+    from strategies.local import LocalStrategy
+    from strategies.peer import DacStrategy, GossipStrategy
 
+    # fmt: off
     methods = (
         Method("fedavg", "one global backbone CNN, FedAvg over all clients", False, FedcondClient, FedcondFedAvg),
-        Method(
-            "conditional",
-            "one global CNN fed each client's local fingerprint, FedAvg",
-            True,
-            FedcondClient,
-            FedcondFedAvg,
-        ),
+        Method("conditional", "one global CNN fed each client's fingerprint", True, FedcondClient, FedcondFedAvg),
+        Method("local", "each client trains only its own model", False, LocalClient, LocalStrategy),
+        Method("oracle", "FedAvg within each true cluster (reference)", False, FedcondClient, OracleStrategy),
+        Method("ifca", "K models, each client trains its lowest-loss one", False, IfcaClient, IfcaStrategy),
+        Method("ditto", "personal models pulled towards FedAvg's", False, DittoClient, FedcondFedAvg),
+        Method("gossip", "random pairwise averaging of per-client models", False, FedcondClient, GossipStrategy),
+        Method("dac", "averaging with the top-k cosine-similar peers", False, FedcondClient, DacStrategy),
     )
+    # fmt: on
     return {method.name: method for method in methods}
 
 

@@ -23,6 +23,21 @@ class TrainSettings:
 
 
 @dataclass(frozen=True)
+class ProximalTerm:
+    """Adds (strength / 2) * ||w - anchor||^2 to the task loss (Ditto's personal objective)."""
+
+    anchor: nn.Module
+    strength: float
+
+    def penalty(self, model: nn.Module) -> torch.Tensor:
+        squared = [
+            (own - fixed.detach()).pow(2).sum()
+            for own, fixed in zip(model.parameters(), self.anchor.parameters(), strict=True)
+        ]
+        return 0.5 * self.strength * torch.stack(squared).sum()
+
+
+@dataclass(frozen=True)
 class EvalResult:
     loss: float
     accuracy: float
@@ -49,14 +64,19 @@ def train(
     condition: np.ndarray | None,
     settings: TrainSettings,
     seed: int,
+    proximal: ProximalTerm | None = None,
 ) -> float:
     """Train in place for ``settings.epochs``; return the mean training loss of the last epoch.
+
+    With ``proximal``, the objective is the task loss plus the proximal penalty (reported loss too).
 
     The batch order comes from ``seed`` alone, so a client's update does not depend on which Ray
     actor runs it or in which order: the same seed gives the same numbers.
     """
     device = pick_device()
     model.to(device).train()
+    if proximal is not None:
+        proximal.anchor.to(device)
     x, y = _tensor(images, device), _tensor(labels, device)
     cond = _condition_tensor(condition, device)
     optimiser = torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=settings.momentum)
@@ -70,6 +90,8 @@ def train(
             batch = order[start : start + settings.batch_size]
             optimiser.zero_grad()
             loss = criterion(model(x[batch], cond), y[batch])
+            if proximal is not None:
+                loss = loss + proximal.penalty(model)
             if not torch.isfinite(loss):
                 raise FedcondError(
                     f"training loss became {loss.item()}; lower learning-rate (now {settings.learning_rate})"

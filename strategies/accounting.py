@@ -51,6 +51,7 @@ class RoundTracker:
         self.bytes_down = 0
         self.bytes_up = 0
         self.train_loss = float("nan")
+        self.ari = float("nan")
         self.records: list[RoundRecord] = []
 
     def start_round(self) -> None:
@@ -62,8 +63,17 @@ class RoundTracker:
     def sent(self, num_bytes: int) -> None:
         self.bytes_down += num_bytes
 
-    def received_fit(self, results: Sequence[tuple[ClientProxy, FitRes]]) -> None:
-        self.bytes_up += sum(parameters_bytes(res.parameters) for _, res in results)
+    def peer_exchange(self, num_bytes: int) -> None:
+        """Bytes one client sends another directly: up for the sender, down for the receiver."""
+        self.bytes_up += num_bytes
+        self.bytes_down += num_bytes
+
+    def set_ari(self, value: float) -> None:
+        self.ari = value
+
+    def received_fit(self, results: Sequence[tuple[ClientProxy, FitRes]], count_bytes: bool = True) -> None:
+        if count_bytes:
+            self.bytes_up += sum(parameters_bytes(res.parameters) for _, res in results)
         self.train_loss = weighted_mean((float(res.metrics[TRAIN_LOSS]), res.num_examples) for _, res in results)
 
     def finish_round(self, server_round: int, results: Sequence[tuple[ClientProxy, EvaluateRes]]) -> RoundRecord:
@@ -89,6 +99,7 @@ class RoundTracker:
             bytes_down=self.bytes_down,
             bytes_up=self.bytes_up,
             cluster_accuracy=per_cluster,
+            ari=self.ari,
         )
         self.records.append(record)
         if self.recorder is not None:

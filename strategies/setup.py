@@ -33,7 +33,7 @@ def all_clients(client_manager: ClientManager, config: RunConfig) -> list[Client
     return list(client_manager.all().values())
 
 
-def _ask_all(proxies: list[ClientProxy], config: dict[str, object]) -> list[dict[str, object]]:
+def ask_all(proxies: list[ClientProxy], config: dict[str, object]) -> list[dict[str, object]]:
     def ask(proxy: ClientProxy) -> dict[str, object]:
         response = proxy.get_properties(GetPropertiesIns(config=config), timeout=None, group_id=0)
         if response.status.code != Code.OK:
@@ -50,10 +50,10 @@ def federated_fingerprint_statistics(proxies: list[ClientProxy], dim: int) -> tu
     The server learns the sum of fingerprints, the sum of their squares and the number of clients,
     nothing per client. Returns (mean, std, bytes exchanged).
     """
-    keys = _ask_all(proxies, {STEP: STEP_KEYS})
+    keys = ask_all(proxies, {STEP: STEP_KEYS})
     packed = secure_sum.pack_keys([answer[PUBLIC_KEY] for answer in keys])
     session = os.urandom(16)
-    answers = _ask_all(proxies, {STEP: STEP_SHARE, PUBLIC_KEYS: packed, SESSION: session})
+    answers = ask_all(proxies, {STEP: STEP_SHARE, PUBLIC_KEYS: packed, SESSION: session})
     shares = [array_from_bytes(answer[SHARE], SHARE, UINT64) for answer in answers]
     total = secure_sum.open_sum(shares)
     if len(total) != 2 * dim + 1:

@@ -1,0 +1,38 @@
+"""IFCA (Ghosh et al. 2020): pick the cluster model with the lowest training loss, train it, return it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clients.numpy_client import CHOICE, TRAIN_LOSS, FedcondClient
+from fedcond.aggregation import lowest_loss_choice
+from fedcond.errors import FedcondError
+from fedcond.models import get_weights, set_weights
+from fedcond.training import evaluate
+
+
+class IfcaClient(FedcondClient):
+    """Receives all K models concatenated; evaluates each on its own training data, trains the best.
+
+    Evaluation rounds receive only the model the client chose (the server remembers the choice).
+    """
+
+    def split_models(self, parameters: list[np.ndarray]) -> list[list[np.ndarray]]:
+        per_model = len(self.model.state_dict())
+        if len(parameters) % per_model:
+            raise FedcondError("IFCA received a partial set of models; server and client disagree on the model")
+        return [parameters[i : i + per_model] for i in range(0, len(parameters), per_model)]
+
+    def fit(
+        self, parameters: list[np.ndarray], config: dict[str, object]
+    ) -> tuple[list[np.ndarray], int, dict[str, object]]:
+        candidates = self.split_models(parameters)
+        losses = []
+        for candidate in candidates:
+            set_weights(self.model, candidate)
+            losses.append(evaluate(self.model, self.data.train_x, self.data.train_y, self.condition(config)).loss)
+        choice = lowest_loss_choice(losses)
+        set_weights(self.model, candidates[choice])
+        loss = self.train_locally(self.model, config)
+        metrics = {**self.identity_metrics(), TRAIN_LOSS: loss, CHOICE: choice}
+        return get_weights(self.model), len(self.data.train_y), metrics

@@ -1,0 +1,97 @@
+"""How models are combined, for every method: plain functions over lists of NumPy arrays.
+
+A model here is ``list[np.ndarray]`` (its ``state_dict`` in order), as it travels over Flower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from fedcond.errors import FedcondError
+
+Model = list[np.ndarray]
+
+
+def weighted_average(models: Sequence[Model], weights: Sequence[float]) -> Model:
+    """Layer-wise average of ``models`` weighted by ``weights`` (sample counts for FedAvg)."""
+    total = float(sum(weights))
+    if not models or total <= 0:
+        raise FedcondError("nothing to average: no client returned a model with samples")
+    return [
+        sum(weight * model[layer] for model, weight in zip(models, weights, strict=True)) / total
+        for layer in range(len(models[0]))
+    ]
+
+
+def uniform_average(models: Sequence[Model]) -> Model:
+    return weighted_average(models, [1.0] * len(models))
+
+
+def average_per_group(
+    current: Sequence[Model], updates: Sequence[Model], groups: Sequence[int], counts: Sequence[int]
+) -> list[Model]:
+    """One model per group: the sample-weighted average of the updates assigned to it.
+
+    A group no update was assigned to keeps its current model. IFCA's groups are the clients'
+    choices; Oracle's are the true clusters (so Oracle never mixes clusters).
+    """
+    result = [list(model) for model in current]
+    for group in range(len(current)):
+        members = [i for i, g in enumerate(groups) if g == group]
+        if members:
+            result[group] = weighted_average([updates[i] for i in members], [counts[i] for i in members])
+    return result
+
+
+def lowest_loss_choice(losses: Sequence[float]) -> int:
+    """IFCA's cluster identity step: the model with the lowest training loss (first on ties)."""
+    values = np.asarray(losses, dtype=float)
+    if not np.all(np.isfinite(values)):
+        raise FedcondError("a cluster model's training loss is not finite; lower learning-rate")
+    return int(np.argmin(values))
+
+
+def random_pairs(num_clients: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """A random matching: each client in at most one pair (one left out when the count is odd)."""
+    order = rng.permutation(num_clients)
+    return [(int(order[i]), int(order[i + 1])) for i in range(0, num_clients - 1, 2)]
+
+
+def gossip_average(models: Sequence[Model], pairs: Sequence[tuple[int, int]]) -> list[Model]:
+    """Each pair replaces both its models by their average; the mean of all models is unchanged."""
+    result = [list(model) for model in models]
+    for first, second in pairs:
+        result[first] = result[second] = uniform_average([models[first], models[second]])
+    return result
+
+
+def flatten(model: Model) -> np.ndarray:
+    return np.concatenate([np.asarray(layer, dtype=np.float64).ravel() for layer in model])
+
+
+def cosine_similarities(models: Sequence[Model]) -> np.ndarray:
+    """Pairwise cosine similarity of the flattened parameter vectors."""
+    vectors = np.stack([flatten(model) for model in models])
+    norms = np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    unit = vectors / norms
+    return unit @ unit.T
+
+
+def top_k_neighbours(similarity: np.ndarray, k: int) -> list[list[int]]:
+    """For each client, the ``k`` most similar other clients (ties broken by lower index)."""
+    count = len(similarity)
+    k = min(k, count - 1)
+    neighbours = []
+    for i in range(count):
+        others = [j for j in range(count) if j != i]
+        # A stable sort on the negated similarity keeps lower indices first on ties: deterministic.
+        ranked = sorted(others, key=lambda j: -similarity[i, j])
+        neighbours.append(ranked[:k])
+    return neighbours
+
+
+def neighbourhood_average(models: Sequence[Model], neighbours: Sequence[Sequence[int]]) -> list[Model]:
+    """DAC's step: each client uniformly averages its model with its neighbours' (all pre-step)."""
+    return [uniform_average([models[i], *(models[j] for j in chosen)]) for i, chosen in enumerate(neighbours)]

@@ -1,0 +1,113 @@
+"""The round protocol every fedcond strategy shares, with hooks for what differs between methods."""
+
+from __future__ import annotations
+
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from clients.numpy_client import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND
+from fedcond.methods import ServerSetup
+from fedcond.wire import array_to_bytes
+from strategies.accounting import Failures, RoundTracker, by_partition, parameters_bytes, raise_on_failures
+from strategies.setup import all_clients, federated_fingerprint_statistics
+
+EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
+
+
+class FedcondStrategy(Strategy):
+    """Every client trains and evaluates in every round; the history records each round.
+
+    Subclasses say which parameters each client receives (``fit_parameters``,
+    ``evaluate_parameters``) and how returned models are combined (``combine``). Before round 1 the
+    strategy checks that one node per client is connected and, for conditioned methods with
+    ``normalisation = "federated"``, runs the secure sum of fingerprint statistics.
+    """
+
+    #: Peer-to-peer methods simulate exchanges between clients: server transfers are not counted.
+    peer_to_peer = False
+
+    def __init__(self, setup: ServerSetup) -> None:
+        self.setup = setup
+        self.tracker = RoundTracker(setup.recorder, setup.config.num_server_rounds, setup.config.verbose)
+        self.shared_config: dict[str, Scalar] = {}
+        self.setup_bytes = 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(method={self.setup.config.method})"
+
+    # -- hooks ---------------------------------------------------------------------------------------
+    def on_setup(self, proxies: list[ClientProxy]) -> None:
+        """Called once before round 1 with every client."""
+
+    def initial_global(self) -> Parameters:
+        """The global model Flower passes around (empty when the method has none)."""
+        return EMPTY
+
+    def fit_parameters(self, proxy: ClientProxy, current: Parameters) -> Parameters:
+        return current
+
+    def evaluate_parameters(self, proxy: ClientProxy, current: Parameters) -> Parameters:
+        return current
+
+    def combine(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> Parameters | None:
+        """The new global parameters from the round's results (None: keep the current ones)."""
+        return None
+
+    # -- Flower's Strategy API -------------------------------------------------------------------------
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        proxies = all_clients(client_manager, self.setup.config)
+        if self.setup.conditioned and self.setup.config.normalisation == "federated":
+            mean, std, self.setup_bytes = federated_fingerprint_statistics(proxies, self.setup.config.fingerprint_dim)
+            self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
+        self.on_setup(proxies)
+        return self.initial_global()
+
+    def round_config(self, server_round: int) -> dict[str, Scalar]:
+        return {SERVER_ROUND: server_round, **self.shared_config}
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        self.tracker.start_round()
+        config = self.round_config(server_round)
+        instructions = [
+            (proxy, FitIns(self.fit_parameters(proxy, parameters), config)) for proxy in client_manager.all().values()
+        ]
+        if not self.peer_to_peer:
+            self.tracker.sent(sum(parameters_bytes(ins.parameters) for _, ins in instructions))
+        return instructions
+
+    def aggregate_fit(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        raise_on_failures(failures, f"training round {server_round}")
+        results = by_partition(results)
+        self.tracker.received_fit(results, count_bytes=not self.peer_to_peer)
+        return self.combine(server_round, results), {}
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        config = self.round_config(server_round)
+        instructions = [
+            (proxy, EvaluateIns(self.evaluate_parameters(proxy, parameters), config))
+            for proxy in client_manager.all().values()
+        ]
+        if not self.peer_to_peer:
+            self.tracker.sent(sum(parameters_bytes(ins.parameters) for _, ins in instructions))
+        return instructions
+
+    def aggregate_evaluate(
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        raise_on_failures(failures, f"evaluation round {server_round}")
+        record = self.tracker.finish_round(server_round, results)
+        if server_round == self.setup.config.num_server_rounds and self.setup.recorder is not None:
+            self.setup.recorder.finish({"setup_bytes": self.setup_bytes})
+        return record.loss, {"accuracy": record.accuracy}
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        """No server-side evaluation: every client evaluates on its own test set."""
+        return None

@@ -1,0 +1,11 @@
+"""Local training only: no model is exchanged."""
+
+from __future__ import annotations
+
+from strategies.base import FedcondStrategy
+
+
+class LocalStrategy(FedcondStrategy):
+    """Local: clients train and evaluate their own models, kept in their state; the server only
+    schedules rounds and records the history. Nothing is exchanged (0 bytes).
+    """

@@ -1,0 +1,77 @@
+"""Decentralised methods simulated by the server: Gossip and DAC. The strategy is the network."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_proxy import ClientProxy
+
+from fedcond.aggregation import (
+    Model,
+    cosine_similarities,
+    gossip_average,
+    neighbourhood_average,
+    random_pairs,
+    top_k_neighbours,
+)
+from fedcond.methods import ServerSetup
+from strategies.accounting import parameters_bytes
+from strategies.base import FedcondStrategy
+from strategies.fedavg import initial_weights
+
+
+class PeerToPeer(FedcondStrategy):
+    """Every client owns a model, held here only to simulate the network; each client receives
+    its own. After local training, ``mix`` lets clients exchange models; only those peer exchanges
+    are counted as communication (a real deployment would not route models through a server).
+    """
+
+    peer_to_peer = True
+
+    def __init__(self, setup: ServerSetup) -> None:
+        super().__init__(setup)
+        self.models: dict[str, Model] = {}
+        self.model_bytes = 0
+
+    def on_setup(self, proxies: list[ClientProxy]) -> None:
+        start = initial_weights(self.setup)
+        self.models = {proxy.cid: start for proxy in proxies}
+        self.model_bytes = parameters_bytes(ndarrays_to_parameters(start))
+
+    def fit_parameters(self, proxy: ClientProxy, current: Parameters) -> Parameters:
+        return ndarrays_to_parameters(self.models[proxy.cid])
+
+    evaluate_parameters = fit_parameters
+
+    def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
+        """The models after this round's exchanges, and how many models were sent peer to peer."""
+        raise NotImplementedError
+
+    def combine(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> Parameters | None:
+        trained = [parameters_to_ndarrays(res.parameters) for _, res in results]
+        mixed, transfers = self.mix(server_round, trained)
+        self.models.update({proxy.cid: model for (proxy, _), model in zip(results, mixed, strict=True)})
+        self.tracker.peer_exchange(transfers * self.model_bytes)
+        return None
+
+
+class GossipStrategy(PeerToPeer):
+    """Gossip: each round, after local training, clients are paired by a fresh random matching
+    (a random topology; one client sits out when the count is odd) and each pair averages its two
+    models. Pairing is seeded by (seed, round): same seed, same pairs.
+    """
+
+    def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
+        pairs = random_pairs(len(models), np.random.default_rng([self.setup.config.seed, server_round]))
+        return gossip_average(models, pairs), 2 * len(pairs)
+
+
+class DacStrategy(PeerToPeer):
+    """DAC (Listo Zec et al. 2022), the paper's variant: after local training each client averages
+    its model uniformly with its ``dac-neighbours`` most similar peers by cosine similarity of the
+    model parameters (deterministic top-k, ties to the lower partition id). Default k = 3.
+    """
+
+    def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
+        neighbours = top_k_neighbours(cosine_similarities(models), self.setup.config.dac_neighbours)
+        return neighbourhood_average(models, neighbours), sum(len(chosen) for chosen in neighbours)
