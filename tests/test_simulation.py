@@ -34,7 +34,10 @@ def read_history(results: Path) -> tuple[list[dict[str, str]], dict]:
     return rows, json.loads((folder / "run.json").read_text())
 
 
-@pytest.mark.parametrize("method", ["conditional", "fedavg"])
+METHODS = ["conditional", "fedavg", "local", "oracle", "ifca", "ditto", "gossip", "dac"]
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_short_simulation_writes_a_finite_complete_history(tmp_path, method):
     config = RunConfig(
         method=method, num_clusters=2, clients_per_cluster=2, num_server_rounds=2,
@@ -47,8 +50,15 @@ def test_short_simulation_writes_a_finite_complete_history(tmp_path, method):
         assert 0.0 <= float(row["accuracy"]) <= 1.0
         for column in ("loss", "train_loss", "seconds", "accuracy_cluster_0", "accuracy_cluster_1"):
             assert math.isfinite(float(row[column])), column
-        assert int(row["bytes_down"]) > 0 and int(row["bytes_up"]) > 0
+        # Local exchanges nothing; everyone else moves models (gossip and DAC between peers).
+        assert (int(row["bytes_down"]) > 0) == (method != "local")
+        assert (int(row["bytes_up"]) > 0) == (method != "local")
+        # IFCA records how well its choices recover the true clusters; no other method has choices.
+        assert math.isfinite(float(row["ari"])) == (method == "ifca")
     assert info["status"] == "finished" and info["rounds_completed"] == 2
+    if method == "ifca":  # all K=2 models go down each training round, one model each evaluation
+        fedavg_down = 4 * 2 * info["model_parameters"] * 4  # 4 clients x (fit + evaluate) x float32
+        assert int(rows[0]["bytes_down"]) > 1.4 * fedavg_down
     assert info["config"]["method"] == method and info["config"]["local-epochs"] == 1
     assert info["versions"]["flwr"] == "1.42.0"
     # Only the conditional method runs the secure-sum setup for federated normalisation.
