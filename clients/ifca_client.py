@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.numpy_client import CHOICE, TRAIN_LOSS, FedcondClient
+from clients.numpy_client import FedcondClient
 from fedcond.aggregation import lowest_loss_choice
 from fedcond.errors import FedcondError
 from fedcond.models import get_weights, set_weights
+from fedcond.protocol import CHOICE, TRAIN_LOSS
 from fedcond.training import evaluate
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.numpy_client import TRAIN_LOSS, FedcondClient
+from clients.numpy_client import FedcondClient
+from fedcond.protocol import TRAIN_LOSS
 
 LOCAL_MODEL = "local-model"
 

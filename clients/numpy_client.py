@@ -17,29 +17,28 @@ from fedcond.config import RunConfig
 from fedcond.datasets import dataset_spec
 from fedcond.errors import FedcondError
 from fedcond.models import ConditionalCNN, build_model, get_weights, set_weights
+from fedcond.protocol import (
+    ACCURACY,
+    CLUSTER,
+    FINGERPRINT_MEAN,
+    FINGERPRINT_STD,
+    PARTITION_ID,
+    PUBLIC_KEY,
+    PUBLIC_KEYS,
+    SERVER_ROUND,
+    SESSION,
+    SHARE,
+    STEP,
+    STEP_IDENTITY,
+    STEP_KEYS,
+    STEP_SHARE,
+    TRAIN_LOSS,
+)
 from fedcond.training import ProximalTerm, TrainSettings, evaluate, train
 from fedcond.wire import UINT64, array_from_bytes, array_to_bytes
 
 FINGERPRINT_KEY = "fingerprint"
 SECURE_SUM_KEY = "secure-sum"
-
-# Keys of the messages between strategy and client (Flower configs, properties and metrics).
-STEP = "fedcond-step"
-STEP_KEYS = "secure-sum-keys"
-STEP_SHARE = "secure-sum-share"
-STEP_IDENTITY = "identity"
-PUBLIC_KEY = "public-key"
-PUBLIC_KEYS = "public-keys"
-SESSION = "session"
-SHARE = "share"
-SERVER_ROUND = "server-round"
-FINGERPRINT_MEAN = "fingerprint-mean"
-FINGERPRINT_STD = "fingerprint-std"
-PARTITION_ID = "partition-id"
-CLUSTER = "cluster"
-TRAIN_LOSS = "train-loss"
-ACCURACY = "accuracy"
-CHOICE = "choice"
 
 
 class FedcondClient(NumPyClient):

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from flwr.common import EvaluateRes, FitRes, Parameters
 from flwr.server.client_proxy import ClientProxy
 
-from clients.numpy_client import ACCURACY, CLUSTER, PARTITION_ID, TRAIN_LOSS
 from fedcond.errors import FedcondError
 from fedcond.history import RoundRecord, RunRecorder
 from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
+from fedcond.protocol import ACCURACY, CLUSTER, PARTITION_ID, TRAIN_LOSS
 
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from clients.numpy_client import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND
 from fedcond.methods import ServerSetup
+from fedcond.protocol import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND
 from fedcond.wire import array_to_bytes
 from strategies.accounting import Failures, RoundTracker, by_partition, parameters_bytes, raise_on_failures
 from strategies.setup import all_clients, federated_fingerprint_statistics
 
+Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
 
 
@@ -67,17 +71,28 @@ class FedcondStrategy(Strategy):
     def round_config(self, server_round: int) -> dict[str, Scalar]:
         return {SERVER_ROUND: server_round, **self.shared_config}
 
-    def configure_fit(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, FitIns]]:
-        self.tracker.start_round()
+    def instruct_all(
+        self,
+        instruction: Callable[[Parameters, dict[str, Scalar]], Instruction],
+        parameters_for: Callable[[ClientProxy, Parameters], Parameters],
+        server_round: int,
+        current: Parameters,
+        client_manager: ClientManager,
+    ) -> list[tuple[ClientProxy, Instruction]]:
+        """One instruction per client (every client takes part in every round), bytes counted."""
         config = self.round_config(server_round)
         instructions = [
-            (proxy, FitIns(self.fit_parameters(proxy, parameters), config)) for proxy in client_manager.all().values()
+            (proxy, instruction(parameters_for(proxy, current), config)) for proxy in client_manager.all().values()
         ]
         if not self.peer_to_peer:
             self.tracker.sent(sum(parameters_bytes(ins.parameters) for _, ins in instructions))
         return instructions
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        self.tracker.start_round()
+        return self.instruct_all(FitIns, self.fit_parameters, server_round, parameters, client_manager)
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
@@ -90,14 +105,7 @@ class FedcondStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        config = self.round_config(server_round)
-        instructions = [
-            (proxy, EvaluateIns(self.evaluate_parameters(proxy, parameters), config))
-            for proxy in client_manager.all().values()
-        ]
-        if not self.peer_to_peer:
-            self.tracker.sent(sum(parameters_bytes(ins.parameters) for _, ins in instructions))
-        return instructions
+        return self.instruct_all(EvaluateIns, self.evaluate_parameters, server_round, parameters, client_manager)
 
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures

@@ -6,10 +6,10 @@ from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_t
 from flwr.server.client_proxy import ClientProxy
 from sklearn.metrics import adjusted_rand_score
 
-from clients.numpy_client import CHOICE, CLUSTER, STEP, STEP_IDENTITY
 from fedcond.aggregation import Model, average_per_group
 from fedcond.errors import FedcondError
 from fedcond.methods import ServerSetup
+from fedcond.protocol import CHOICE, CLUSTER, STEP, STEP_IDENTITY
 from strategies.base import FedcondStrategy
 from strategies.fedavg import initial_weights
 from strategies.setup import ask_all

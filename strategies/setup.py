@@ -10,11 +10,11 @@ from flwr.common import Code, GetPropertiesIns
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from clients.numpy_client import PUBLIC_KEY, PUBLIC_KEYS, SESSION, SHARE, STEP, STEP_KEYS, STEP_SHARE
 from fedcond import fingerprint as fp
 from fedcond import secure_sum
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.protocol import PUBLIC_KEY, PUBLIC_KEYS, SESSION, SHARE, STEP, STEP_KEYS, STEP_SHARE
 from fedcond.wire import UINT64, array_from_bytes
 
 
