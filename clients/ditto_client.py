@@ -19,7 +19,7 @@ class DittoClient(FedcondClient):
     model as FedAvg does and return it. Evaluation uses the personal model.
     """
 
-    def fit(
+    def train_round(
         self, parameters: list[np.ndarray], config: dict[str, object]
     ) -> tuple[list[np.ndarray], int, dict[str, object]]:
         set_weights(self.model, parameters)
@@ -28,10 +28,12 @@ class DittoClient(FedcondClient):
         proximal = ProximalTerm(anchor=self.model, strength=self.config.ditto_lambda)
         self.train_locally(personal, config, settings, stream=1, proximal=proximal)
         self.store_model(PERSONAL_MODEL, personal)
-        return super().fit(parameters, config)
+        return super().train_round(parameters, config)
 
-    def evaluate(self, parameters: list[np.ndarray], config: dict[str, object]) -> tuple[float, int, dict[str, object]]:
+    def evaluate_round(
+        self, parameters: list[np.ndarray], config: dict[str, object]
+    ) -> tuple[float, int, dict[str, object]]:
         personal = self.stored_model(PERSONAL_MODEL)
         if personal is None:  # evaluated before any training: the personal model starts as the global one
-            return super().evaluate(parameters, config)
+            return super().evaluate_round(parameters, config)
         return self.evaluate_model(personal, config)

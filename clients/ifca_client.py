@@ -24,7 +24,7 @@ class IfcaClient(FedcondClient):
             raise FedcondError("IFCA received a partial set of models; server and client disagree on the model")
         return [parameters[i : i + per_model] for i in range(0, len(parameters), per_model)]
 
-    def fit(
+    def train_round(
         self, parameters: list[np.ndarray], config: dict[str, object]
     ) -> tuple[list[np.ndarray], int, dict[str, object]]:
         candidates = self.split_models(parameters)

@@ -16,7 +16,7 @@ class LocalClient(FedcondClient):
     def own_model(self):
         return self.stored_model(LOCAL_MODEL) or self.fresh_model()
 
-    def fit(
+    def train_round(
         self, parameters: list[np.ndarray], config: dict[str, object]
     ) -> tuple[list[np.ndarray], int, dict[str, object]]:
         model = self.own_model()
@@ -24,5 +24,7 @@ class LocalClient(FedcondClient):
         self.store_model(LOCAL_MODEL, model)
         return [], len(self.data.train_y), {**self.identity_metrics(), TRAIN_LOSS: loss}
 
-    def evaluate(self, parameters: list[np.ndarray], config: dict[str, object]) -> tuple[float, int, dict[str, object]]:
+    def evaluate_round(
+        self, parameters: list[np.ndarray], config: dict[str, object]
+    ) -> tuple[float, int, dict[str, object]]:
         return self.evaluate_model(self.own_model(), config)

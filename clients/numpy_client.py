@@ -20,6 +20,7 @@ from fedcond.models import ConditionalCNN, build_model, get_weights, set_weights
 from fedcond.protocol import (
     ACCURACY,
     CLUSTER,
+    ERROR,
     FINGERPRINT_MEAN,
     FINGERPRINT_STD,
     PARTITION_ID,
@@ -130,8 +131,29 @@ class FedcondClient(NumPyClient):
             return fp.standardise(raw, mean, std)
         return raw
 
-    # -- setup: secure sum of (f, f^2, 1) for federated normalisation ---------------------------------
+    # -- Flower's entry points: a FedcondError becomes a one-line report, not a traceback ---------------
+    def fit(
+        self, parameters: list[np.ndarray], config: dict[str, object]
+    ) -> tuple[list[np.ndarray], int, dict[str, object]]:
+        try:
+            return self.train_round(parameters, config)
+        except FedcondError as error:
+            return [], 0, {ERROR: str(error)}
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, object]) -> tuple[float, int, dict[str, object]]:
+        try:
+            return self.evaluate_round(parameters, config)
+        except FedcondError as error:
+            return 0.0, 0, {ERROR: str(error)}
+
     def get_properties(self, config: dict[str, object]) -> dict[str, object]:
+        try:
+            return self.setup_step(config)
+        except FedcondError as error:
+            return {ERROR: str(error)}
+
+    # -- setup: secure sum of (f, f^2, 1) for federated normalisation ---------------------------------
+    def setup_step(self, config: dict[str, object]) -> dict[str, object]:
         step = config.get(STEP)
         if step == STEP_IDENTITY:
             # Ground truth for Oracle (a reference, not a competitor) and for reporting only.
@@ -156,7 +178,7 @@ class FedcondClient(NumPyClient):
         # The cluster id is ground truth sent for reporting (per-cluster accuracy) only.
         return {PARTITION_ID: self.data.partition_id, CLUSTER: self.data.cluster}
 
-    def fit(
+    def train_round(
         self, parameters: list[np.ndarray], config: dict[str, object]
     ) -> tuple[list[np.ndarray], int, dict[str, object]]:
         set_weights(self.model, parameters)
@@ -169,7 +191,9 @@ class FedcondClient(NumPyClient):
         )
         return get_weights(self.model), len(self.data.train_y), {**self.identity_metrics(), TRAIN_LOSS: loss}
 
-    def evaluate(self, parameters: list[np.ndarray], config: dict[str, object]) -> tuple[float, int, dict[str, object]]:
+    def evaluate_round(
+        self, parameters: list[np.ndarray], config: dict[str, object]
+    ) -> tuple[float, int, dict[str, object]]:
         set_weights(self.model, parameters)
         result = evaluate(self.model, self.data.test_x, self.data.test_y, self.condition(config))
         return result.loss, result.num_samples, {**self.identity_metrics(), ACCURACY: result.accuracy}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.history import run_status, unused_run_folder
 
 # flwr 1.42 checks for updates, posts telemetry and rebuilds the app's environment per run unless
 # told not to; all three fail or mislead on a machine without internet.
@@ -85,8 +86,10 @@ def prepare(assignments: Sequence[str], override_file: str | None = None) -> tup
     validate_without_data(config)
     get_method(config.method)
     scenario_for(config)  # loads the data and splits it: missing or corrupt files stop here
-    results_dir = Path(config.results_dir or "results").expanduser().resolve()
-    overrides["results-dir"] = str(results_dir)
+    # The folder is named here, so that this process can tell afterwards whether the run finished.
+    folder = unused_run_folder(config)
+    overrides["results-dir"] = str(folder.parent)
+    overrides["run-name"] = folder.name
     if config.data_dir:
         overrides["data-dir"] = str(config.resolved_data_dir())
     return config, overrides
@@ -120,8 +123,17 @@ def run(
     # flwr's local SuperLink keeps the cwd it starts in; a neutral one keeps it out of the source tree.
     flwr_home = Path(environment.get("FLWR_HOME", Path.home() / ".flwr"))
     flwr_home.mkdir(parents=True, exist_ok=True)
-    print(f"fedcond: {config.num_clients} clients, results under {overrides['results-dir']}", flush=True)
-    return subprocess.call(command, env=environment, cwd=flwr_home)
+    folder = Path(str(overrides["results-dir"]), str(overrides["run-name"]))
+    print(f"fedcond: {config.num_clients} clients, results in {folder}", flush=True)
+    returncode = subprocess.call(command, env=environment, cwd=flwr_home)
+    # `flwr run --stream` exits 0 even when the ServerApp fails: the run's own record decides.
+    status = run_status(folder)
+    if status != "finished":
+        print(
+            f"fedcond: error: the run did not finish (status: {status}); the reason is printed above", file=sys.stderr
+        )
+        return returncode or 1
+    return returncode
 
 
 def main(argv: Sequence[str] | None = None) -> int:

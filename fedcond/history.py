@@ -68,8 +68,8 @@ def default_run_name(config: RunConfig) -> str:
     )
 
 
-def results_folder(config: RunConfig) -> Path:
-    """The run's own folder: absolute, created, and never an existing run's folder."""
+def unused_run_folder(config: RunConfig) -> Path:
+    """Where this run's folder goes: absolute, and never an existing run's folder."""
     base = Path(config.results_dir).expanduser() if config.results_dir else Path.cwd() / "results"
     base = base.resolve()
     name = config.run_name or default_run_name(config)
@@ -77,8 +77,24 @@ def results_folder(config: RunConfig) -> Path:
     while folder.exists():
         suffix += 1
         folder = base / f"{name}-{suffix}"
+    return folder
+
+
+def results_folder(config: RunConfig) -> Path:
+    """The run's own folder, created."""
+    folder = unused_run_folder(config)
     folder.mkdir(parents=True)
     return folder
+
+
+def run_status(folder: Path) -> str:
+    """``finished``, ``failed: <reason>``, ``running`` (killed before it could say) or ``missing``."""
+    try:
+        info = json.loads((folder / "run.json").read_text())
+    except (OSError, ValueError):
+        return "missing"
+    status = str(info.get("status", "missing"))
+    return f"{status}: {info['error']}" if "error" in info else status
 
 
 class RunRecorder:
@@ -119,6 +135,11 @@ class RunRecorder:
             total_seconds=last.elapsed_seconds if last else None,
             **(extra or {}),
         )
+        self._write_info()
+
+    def fail(self, reason: str) -> None:
+        """Mark the run as stopped by an error (finished rounds stay in history.csv)."""
+        self._info.update(status="failed", error=reason, rounds_completed=len(self.records))
         self._write_info()
 
     def _write_info(self) -> None:

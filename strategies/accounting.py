@@ -11,7 +11,7 @@ from flwr.server.client_proxy import ClientProxy
 from fedcond.errors import FedcondError
 from fedcond.history import RoundRecord, RunRecorder
 from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
-from fedcond.protocol import ACCURACY, CLUSTER, PARTITION_ID, TRAIN_LOSS
+from fedcond.protocol import ACCURACY, CLUSTER, ERROR, PARTITION_ID, TRAIN_LOSS
 
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
 
@@ -20,8 +20,17 @@ def parameters_bytes(parameters: Parameters) -> int:
     return sum(len(tensor) for tensor in parameters.tensors)
 
 
-def raise_on_failures(failures: Failures, stage: str) -> None:
-    """A failed client makes the round's numbers wrong: stop with the client's own message."""
+def raise_on_failures(
+    failures: Failures, stage: str, results: Sequence[tuple[ClientProxy, FitRes | EvaluateRes]] = ()
+) -> None:
+    """A failed client makes the round's numbers wrong: stop with the client's own message.
+
+    Clients report their own errors as an ``ERROR`` metric (a one-line reason); anything else that
+    went wrong reaches here as an exception with a traceback, from which the reason is extracted.
+    """
+    reported = [str(res.metrics[ERROR]) for _, res in results if ERROR in res.metrics]
+    if reported:
+        raise FedcondError(f"{len(reported)} client(s) failed in {stage}: {reported[0]}")
     if not failures:
         return
     first = failures[0]

@@ -97,7 +97,7 @@ class FedcondStrategy(Strategy):
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        raise_on_failures(failures, f"training round {server_round}")
+        raise_on_failures(failures, f"training round {server_round}", results)
         results = by_partition(results)
         self.tracker.received_fit(results, count_bytes=not self.peer_to_peer)
         return self.combine(server_round, results), {}
@@ -110,7 +110,7 @@ class FedcondStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
     ) -> tuple[float | None, dict[str, Scalar]]:
-        raise_on_failures(failures, f"evaluation round {server_round}")
+        raise_on_failures(failures, f"evaluation round {server_round}", results)
         record = self.tracker.finish_round(server_round, results)
         if server_round == self.setup.config.num_server_rounds and self.setup.recorder is not None:
             self.setup.recorder.finish({"setup_bytes": self.setup_bytes})

@@ -39,9 +39,12 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         print(json.dumps(details["scenario"], indent=None), flush=True)
         print(f"fedcond: results folder {folder}", flush=True)
     setup = ServerSetup(config, scenario.num_classes, scenario.num_clusters, method.conditioned, recorder)
-    start_grid(
-        grid=grid, strategy=method.make_strategy(setup), config=ServerConfig(num_rounds=config.num_server_rounds)
-    )
+    try:
+        strategy = method.make_strategy(setup)
+        start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=config.num_server_rounds))
+    except FedcondError as error:
+        recorder.fail(str(error))
+        raise
     if config.verbose:
         print(f"fedcond: finished; history.csv and run.json written to {folder}", flush=True)
     return recorder

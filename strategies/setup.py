@@ -14,7 +14,7 @@ from fedcond import fingerprint as fp
 from fedcond import secure_sum
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.protocol import PUBLIC_KEY, PUBLIC_KEYS, SESSION, SHARE, STEP, STEP_KEYS, STEP_SHARE
+from fedcond.protocol import ERROR, PUBLIC_KEY, PUBLIC_KEYS, SESSION, SHARE, STEP, STEP_KEYS, STEP_SHARE
 from fedcond.wire import UINT64, array_from_bytes
 
 
@@ -38,6 +38,8 @@ def ask_all(proxies: list[ClientProxy], config: dict[str, object]) -> list[dict[
         response = proxy.get_properties(GetPropertiesIns(config=config), timeout=None, group_id=0)
         if response.status.code != Code.OK:
             raise FedcondError(f"a client failed the setup step: {response.status.message}")
+        if ERROR in response.properties:
+            raise FedcondError(f"a client failed the setup step: {response.properties[ERROR]}")
         return response.properties
 
     with ThreadPoolExecutor(max_workers=min(len(proxies), 16)) as pool:

@@ -74,4 +74,4 @@ def test_wrong_number_of_nodes_stops_before_training(tmp_path, capsys):
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedcond: error:")]
     assert len(errors) == 1 and "the federation has 3 nodes" in errors[0] and "num-supernodes=4" in errors[0]
     rows, info = read_history(tmp_path / "r")
-    assert rows == [] and info["status"] == "running"
+    assert rows == [] and info["status"] == "failed" and "num-supernodes=4" in info["error"]
