@@ -1,6 +1,6 @@
 """The method registry: a method is a client behaviour paired with a strategy, found by name.
 
-Adding a method is one new file (its client and/or strategy) plus one line in ``METHODS``.
+Adding a method is one new file (its client and/or strategy) plus one line in ``registry()``.
 """
 
 from __future__ import annotations
