@@ -1,4 +1,4 @@
-"""One client's own arrays: its partition of the dataset with its label map applied."""
+"""One client's own arrays: its partition of the dataset with its label map and rotation applied."""
 
 from __future__ import annotations
 
@@ -24,6 +24,18 @@ class ClientData:
     test_y: np.ndarray
 
 
+def rotate_images(images: np.ndarray, degrees: float) -> np.ndarray:
+    """Rotate ``(n, c, h, w)`` images counter-clockwise; exact for multiples of 90 degrees."""
+    if degrees % 360 == 0:
+        return images
+    if degrees % 90 == 0:
+        return np.ascontiguousarray(np.rot90(images, k=int(degrees // 90) % 4, axes=(2, 3)))
+    from scipy.ndimage import rotate
+
+    rotated = rotate(images, degrees, axes=(3, 2), reshape=False, order=1, mode="constant", cval=0.0)
+    return np.clip(rotated, 0.0, 1.0).astype(images.dtype)
+
+
 def client_data_from_partition(
     partition: ClientPartition,
     images: tuple[np.ndarray, np.ndarray],
@@ -36,9 +48,9 @@ def client_data_from_partition(
         partition_id=partition.partition_id,
         cluster=partition.cluster,
         num_classes=num_classes,
-        train_x=train_images[partition.train_indices],
+        train_x=rotate_images(train_images[partition.train_indices], partition.rotation),
         train_y=partition.label_map[train_labels[partition.train_indices]],
-        test_x=test_images[partition.test_indices],
+        test_x=rotate_images(test_images[partition.test_indices], partition.rotation),
         test_y=partition.label_map[test_labels[partition.test_indices]],
     )
 
@@ -46,9 +58,10 @@ def client_data_from_partition(
 def load_client_data(config: RunConfig, partition_id: int) -> ClientData:
     """The data of client ``partition_id`` under ``config``'s dataset and scenario."""
     scenario = scenario_for(config)
-    dataset = load_dataset(config.dataset, config.resolved_data_dir())
+    partition = scenario.client(partition_id)
+    dataset = load_dataset(partition.source, config.resolved_data_dir())
     return client_data_from_partition(
-        scenario.client(partition_id),
+        partition,
         (dataset.train_x, dataset.test_x),
         (dataset.train_y, dataset.test_y),
         scenario.num_classes,

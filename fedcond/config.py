@@ -29,6 +29,10 @@ class RunConfig:
     num_clusters: int = 3
     clients_per_cluster: int = 5
     num_server_rounds: int = 10
+    # Scenario details: E2b's angles (C1..C4, degrees "0,90,180", or "" for K evenly spaced) and a
+    # uniform subsample of every cluster's data for quick runs (recorded in run.json).
+    rotations: str = ""
+    data_fraction: float = 1.0
     # 0 means "the dataset's default" (see fedcond.datasets.DATASETS); run.json records the value used.
     local_epochs: int = 0
     batch_size: int = 0
@@ -90,6 +94,8 @@ class RunConfig:
         for key, value in {"local-epochs": self.local_epochs, "batch-size": self.batch_size}.items():
             if value < 0:
                 raise FedcondError(f"{key} must be 0 (dataset default) or positive (got {value})")
+        if not 0 < self.data_fraction <= 1:
+            raise FedcondError(f"data-fraction must be in (0, 1] (got {self.data_fraction})")
         if not self.learning_rate > 0:
             raise FedcondError(f"learning-rate must be positive (got {self.learning_rate})")
         if self.ditto_lambda < 0:

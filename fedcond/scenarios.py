@@ -1,7 +1,9 @@
-"""Scenarios: which client holds which samples, in which cluster, under which label map.
+"""Scenarios: which client holds which samples, in which cluster, under which label map or transform.
 
-A scenario is a pure function of (dataset, settings, seed): every process that builds it (the
-ServerApp for its summary, every ClientApp for its own partition) gets the same split.
+A scenario is a pure function of (datasets, settings, seed): every process that builds it (the
+ServerApp for its summary, every ClientApp for its own partition) gets the same split. Within a
+cluster, the cluster's train and test samples are split disjointly over its clients, so every
+client is evaluated on samples of its own distribution.
 """
 
 from __future__ import annotations
@@ -19,13 +21,38 @@ from fedcond.errors import FedcondError
 MIN_TRAIN_SAMPLES_PER_CLIENT = 2
 MIN_TEST_SAMPLES_PER_CLIENT = 1
 
+# E2b's four rotation configurations in the paper (degrees, one cluster per angle).
+ROTATION_CONFIGURATIONS = {
+    "C1": (0.0, 180.0),
+    "C2": (0.0, 120.0, 240.0),
+    "C3": (0.0, 90.0, 180.0, 270.0),
+    "C4": (0.0, 10.0, 180.0, 350.0),
+}
+
+# E3a: two clusters label the same images by different semantic groupings (two classes each).
+SEMANTIC_GROUPINGS: dict[str, tuple[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...]]]] = {
+    # MNIST digits: parity (label 1 = odd) vs magnitude (label 1 = 5..9).
+    "mnist": (("odd/even", (0, 1, 0, 1, 0, 1, 0, 1, 0, 1)), ("below-5/above-5", (0, 0, 0, 0, 0, 1, 1, 1, 1, 1))),
+    # Fashion-MNIST (t-shirt, trouser, pullover, dress, coat, sandal, shirt, sneaker, bag, ankle boot).
+    # Formal (1): trouser, dress, coat, shirt, ankle boot; casual (0): t-shirt, pullover, sandal,
+    # sneaker, bag. Winter (1): trouser, pullover, coat, ankle boot, and bag (season-neutral, put
+    # here to balance 5/5); summer (0): t-shirt, dress, sandal, shirt, sneaker.
+    "fashion-mnist": (
+        ("formal/casual", (0, 1, 0, 1, 1, 0, 1, 0, 0, 1)),
+        ("winter/summer", (0, 1, 1, 0, 1, 0, 0, 0, 1, 1)),
+    ),
+}  # fmt: skip
+
+DOMAIN_SOURCES = ("mnist", "fashion-mnist")
+
 
 @dataclass(frozen=True)
 class ClientPartition:
-    """One client's share: indices into the dataset's train and test arrays, and its cluster.
+    """One client's share: indices into its source dataset's train and test arrays, and its cluster.
 
     ``cluster`` is ground truth, used by Oracle and for reporting only; no method reads it to train.
-    ``label_map`` maps the dataset's labels to the labels this client sees (identity in label shift).
+    ``label_map`` maps the dataset's labels to the labels this client sees; ``rotation`` (degrees)
+    is applied to its images; ``source`` names the dataset the indices refer to.
     """
 
     partition_id: int
@@ -33,6 +60,8 @@ class ClientPartition:
     train_indices: np.ndarray
     test_indices: np.ndarray
     label_map: np.ndarray
+    source: str
+    rotation: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +73,7 @@ class Scenario:
     num_classes: int
     cluster_descriptions: tuple[str, ...]
     clients: tuple[ClientPartition, ...]
+    data_fraction: float = 1.0
 
     @property
     def num_clusters(self) -> int:
@@ -67,10 +97,29 @@ class Scenario:
             "num_clusters": self.num_clusters,
             "clients_per_cluster": len(self.clients) // self.num_clusters,
             "num_clients": len(self.clients),
+            "num_classes": self.num_classes,
+            "data_fraction": self.data_fraction,
             "clusters": list(self.cluster_descriptions),
             "train_samples_per_client": _min_median_max(train_sizes),
             "test_samples_per_client": _min_median_max(test_sizes),
         }
+
+
+Loader = Callable[[str], ImageDataset]
+
+
+def format_summary(summary: dict[str, object]) -> str:
+    """The scenario summary as a few readable lines (what a run prints before training)."""
+    train, test = summary["train_samples_per_client"], summary["test_samples_per_client"]
+    lines = [
+        f"scenario {summary['scenario']} on {summary['dataset']}: {summary['num_clusters']} clusters x "
+        f"{summary['clients_per_cluster']} clients, {summary['num_classes']} classes, "
+        f"data-fraction {summary['data_fraction']}",
+        *(f"  cluster {k}: {description}" for k, description in enumerate(summary["clusters"])),
+        f"  samples per client (min/median/max): train {train['min']}/{train['median']:g}/{train['max']}, "
+        f"test {test['min']}/{test['median']:g}/{test['max']}",
+    ]
+    return "\n".join(lines)
 
 
 def _min_median_max(values: list[int]) -> dict[str, float]:
@@ -82,30 +131,164 @@ def _split_evenly(indices: np.ndarray, parts: int, rng: np.random.Generator) -> 
     return [np.sort(piece) for piece in np.array_split(rng.permutation(indices), parts)]
 
 
-def label_shift(dataset: ImageDataset, config: RunConfig) -> Scenario:
+def _subsample(indices: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """A uniform ``fraction`` of ``indices`` (at least one), for quick runs on small machines."""
+    if fraction >= 1.0:
+        return indices
+    keep = max(1, round(len(indices) * fraction))
+    return np.sort(rng.choice(indices, size=keep, replace=False))
+
+
+class _Builder:
+    """Accumulates clients cluster by cluster, splitting each cluster's samples over its clients."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.rng = np.random.default_rng(config.seed)
+        self.clients: list[ClientPartition] = []
+        self.descriptions: list[str] = []
+
+    def add_cluster(
+        self,
+        description: str,
+        train_pool: np.ndarray,
+        test_pool: np.ndarray,
+        label_map: np.ndarray,
+        source: str,
+        rotation: float = 0.0,
+    ) -> None:
+        cluster = len(self.descriptions)
+        self.descriptions.append(description)
+        fraction, parts = self.config.data_fraction, self.config.clients_per_cluster
+        train_parts = _split_evenly(_subsample(train_pool, fraction, self.rng), parts, self.rng)
+        test_parts = _split_evenly(_subsample(test_pool, fraction, self.rng), parts, self.rng)
+        for train_indices, test_indices in zip(train_parts, test_parts, strict=True):
+            partition = ClientPartition(
+                len(self.clients), cluster, train_indices, test_indices, label_map, source, rotation
+            )
+            self.clients.append(partition)
+
+    def disjoint_shares(self, dataset: ImageDataset) -> list[tuple[np.ndarray, np.ndarray]]:
+        """All samples split into K disjoint shares: clusters that see the same distribution."""
+        count = self.config.num_clusters
+        train = _split_evenly(np.arange(len(dataset.train_y)), count, self.rng)
+        test = _split_evenly(np.arange(len(dataset.test_y)), count, self.rng)
+        return list(zip(train, test, strict=True))
+
+    def scenario(self, name: str, dataset: str, num_classes: int) -> Scenario:
+        return Scenario(
+            name, dataset, num_classes, tuple(self.descriptions), tuple(self.clients), self.config.data_fraction
+        )
+
+
+def label_shift(load: Loader, config: RunConfig) -> Scenario:
     """E1: K clusters receive disjoint, contiguous groups of the class list."""
+    dataset = load(config.dataset)
     num_classes = dataset.num_classes
     if config.num_clusters > num_classes:
         raise FedcondError(
             f"label-shift needs num-clusters <= {num_classes} (the classes of {dataset.name}), "
             f"got {config.num_clusters}; lower num-clusters"
         )
-    rng = np.random.default_rng(config.seed)
-    class_groups = np.array_split(np.arange(num_classes), config.num_clusters)
+    builder = _Builder(config)
     identity = np.arange(num_classes)
-    clients: list[ClientPartition] = []
-    descriptions: list[str] = []
-    for cluster, classes in enumerate(class_groups):
-        descriptions.append("classes " + ",".join(dataset.class_names[c] for c in classes))
-        train_parts = _split_evenly(np.flatnonzero(np.isin(dataset.train_y, classes)), config.clients_per_cluster, rng)
-        test_parts = _split_evenly(np.flatnonzero(np.isin(dataset.test_y, classes)), config.clients_per_cluster, rng)
-        for train_indices, test_indices in zip(train_parts, test_parts, strict=True):
-            clients.append(ClientPartition(len(clients), cluster, train_indices, test_indices, identity))
-    return Scenario("label-shift", dataset.name, num_classes, tuple(descriptions), tuple(clients))
+    for classes in np.array_split(np.arange(num_classes), config.num_clusters):
+        builder.add_cluster(
+            "classes " + ",".join(dataset.class_names[c] for c in classes),
+            np.flatnonzero(np.isin(dataset.train_y, classes)),
+            np.flatnonzero(np.isin(dataset.test_y, classes)),
+            identity,
+            dataset.name,
+        )
+    return builder.scenario("label-shift", dataset.name, num_classes)
 
 
-SCENARIOS: dict[str, Callable[[ImageDataset, RunConfig], Scenario]] = {
+def parse_rotations(text: str, num_clusters: int) -> tuple[float, ...]:
+    """``C1``..``C4``, a comma-separated list of degrees, or empty for K evenly spaced angles."""
+    text = text.strip()
+    if not text:
+        angles = tuple(360.0 * k / num_clusters for k in range(num_clusters))
+    elif text.upper() in ROTATION_CONFIGURATIONS:
+        angles = ROTATION_CONFIGURATIONS[text.upper()]
+    else:
+        try:
+            angles = tuple(float(part) for part in text.split(","))
+        except ValueError:
+            raise FedcondError(
+                f"rotations must be C1..C4 or comma-separated degrees like 0,90,180 (got '{text}')"
+            ) from None
+    if len(angles) != num_clusters:
+        raise FedcondError(
+            f"rotations '{text}' gives {len(angles)} angles but num-clusters is {num_clusters}; "
+            f"set num-clusters={len(angles)}"
+        )
+    return angles
+
+
+def covariate_rotation(load: Loader, config: RunConfig) -> Scenario:
+    """E2b: all clusters see the same classes; each cluster's images are rotated by its own angle."""
+    dataset = load(config.dataset)
+    angles = parse_rotations(config.rotations, config.num_clusters)
+    builder = _Builder(config)
+    identity = np.arange(dataset.num_classes)
+    for angle, (train, test) in zip(angles, builder.disjoint_shares(dataset), strict=True):
+        builder.add_cluster(f"rotated {angle:g} degrees", train, test, identity, dataset.name, angle)
+    return builder.scenario("covariate-rotation", dataset.name, dataset.num_classes)
+
+
+def concept_permutation(load: Loader, config: RunConfig) -> Scenario:
+    """E3b: the same kind of images in every cluster, each cluster with its own seeded label permutation."""
+    if not 2 <= config.num_clusters <= 5:
+        raise FedcondError(f"concept-permutation takes num-clusters 2..5 (got {config.num_clusters})")
+    dataset = load(config.dataset)
+    builder = _Builder(config)
+    permutations = np.random.default_rng([config.seed, 3]).permuted(
+        np.tile(np.arange(dataset.num_classes), (config.num_clusters, 1)), axis=1
+    )
+    for permutation, (train, test) in zip(permutations, builder.disjoint_shares(dataset), strict=True):
+        builder.add_cluster(
+            "labels permuted " + ",".join(map(str, permutation)), train, test, permutation, dataset.name
+        )
+    return builder.scenario("concept-permutation", dataset.name, dataset.num_classes)
+
+
+def concept_semantic(load: Loader, config: RunConfig) -> Scenario:
+    """E3a: two clusters label the same kind of images by two different binary semantic groupings."""
+    if config.dataset not in SEMANTIC_GROUPINGS:
+        raise FedcondError(
+            f"concept-semantic is defined for {', '.join(SEMANTIC_GROUPINGS)}, not {config.dataset}; change dataset"
+        )
+    if config.num_clusters != 2:
+        raise FedcondError(f"concept-semantic has exactly 2 clusters; set num-clusters=2 (got {config.num_clusters})")
+    dataset = load(config.dataset)
+    builder = _Builder(config)
+    groupings = SEMANTIC_GROUPINGS[config.dataset]
+    for (name, mapping), (train, test) in zip(groupings, builder.disjoint_shares(dataset), strict=True):
+        builder.add_cluster(f"labels {name}", train, test, np.array(mapping), dataset.name)
+    return builder.scenario("concept-semantic", dataset.name, 2)
+
+
+def domain(load: Loader, config: RunConfig) -> Scenario:
+    """E4a: MNIST clients and Fashion-MNIST clients together, both with their own 10 classes."""
+    if config.dataset not in DOMAIN_SOURCES:
+        raise FedcondError(f"domain pairs MNIST with Fashion-MNIST; set dataset to one of {', '.join(DOMAIN_SOURCES)}")
+    if config.num_clusters != 2:
+        raise FedcondError("domain has exactly 2 clusters (MNIST, Fashion-MNIST); set num-clusters=2")
+    builder = _Builder(config)
+    for source in DOMAIN_SOURCES:
+        dataset = load(source)
+        identity = np.arange(dataset.num_classes)
+        train, test = np.arange(len(dataset.train_y)), np.arange(len(dataset.test_y))
+        builder.add_cluster(f"{source} images", train, test, identity, source)
+    return builder.scenario("domain", "mnist+fashion-mnist", 10)
+
+
+SCENARIOS: dict[str, Callable[[Loader, RunConfig], Scenario]] = {
     "label-shift": label_shift,
+    "covariate-rotation": covariate_rotation,
+    "concept-semantic": concept_semantic,
+    "concept-permutation": concept_permutation,
+    "domain": domain,
 }
 
 
@@ -114,18 +297,17 @@ def check_scenario_name(name: str) -> None:
         raise FedcondError(f"unknown scenario '{name}'; choose one of {', '.join(SCENARIOS)}")
 
 
-def build_scenario(dataset: ImageDataset, config: RunConfig) -> Scenario:
-    """Split ``dataset`` as ``config.scenario`` says, checking every client gets enough data."""
+def build_scenario(config: RunConfig, load: Loader | None = None) -> Scenario:
+    """Split the data as ``config.scenario`` says, checking every client gets enough of it."""
     check_scenario_name(config.scenario)
-    scenario = SCENARIOS[config.scenario](dataset, config)
+    data_dir = config.resolved_data_dir()
+    scenario = SCENARIOS[config.scenario](load or (lambda name: load_dataset(name, data_dir)), config)
     for client in scenario.clients:
-        if (
-            len(client.train_indices) < MIN_TRAIN_SAMPLES_PER_CLIENT
-            or len(client.test_indices) < MIN_TEST_SAMPLES_PER_CLIENT
-        ):
+        too_few_train = len(client.train_indices) < MIN_TRAIN_SAMPLES_PER_CLIENT
+        if too_few_train or len(client.test_indices) < MIN_TEST_SAMPLES_PER_CLIENT:
             raise FedcondError(
                 f"client {client.partition_id} gets {len(client.train_indices)} training and "
-                f"{len(client.test_indices)} test samples; lower clients-per-cluster"
+                f"{len(client.test_indices)} test samples; lower clients-per-cluster or raise data-fraction"
             )
     return scenario
 
@@ -138,7 +320,7 @@ def validate_without_data(config: RunConfig) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _cached_scenario(config: RunConfig) -> Scenario:
-    return build_scenario(load_dataset(config.dataset, config.resolved_data_dir()), config)
+    return build_scenario(config)
 
 
 def scenario_for(config: RunConfig) -> Scenario:
@@ -151,5 +333,7 @@ def scenario_for(config: RunConfig) -> Scenario:
         clients_per_cluster=config.clients_per_cluster,
         seed=config.seed,
         data_dir=str(config.resolved_data_dir() or ""),
+        rotations=config.rotations,
+        data_fraction=config.data_fraction,
     )
     return _cached_scenario(key)

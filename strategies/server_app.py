@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from flwr.common import Context
@@ -15,7 +14,7 @@ from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder, results_folder
 from fedcond.methods import ServerSetup, get_method
 from fedcond.models import build_model, count_parameters
-from fedcond.scenarios import scenario_for, validate_without_data
+from fedcond.scenarios import format_summary, scenario_for, validate_without_data
 
 
 def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
@@ -36,7 +35,7 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     recorder = RunRecorder(folder, config, details, scenario.num_clusters)
     if config.verbose:
         print(f"fedcond: {method.name} on {config.dataset} {config.scenario}", flush=True)
-        print(json.dumps(details["scenario"], indent=None), flush=True)
+        print(format_summary(details["scenario"]), flush=True)
         print(f"fedcond: results folder {folder}", flush=True)
     setup = ServerSetup(config, scenario.num_classes, scenario.num_clusters, method.conditioned, recorder)
     try:

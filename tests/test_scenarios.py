@@ -14,7 +14,7 @@ def digits():
 
 @pytest.mark.parametrize(("clusters", "clients"), [(3, 5), (5, 4), (10, 2), (1, 3)])
 def test_label_shift_partitions_are_disjoint_complete_and_cluster_pure(digits, clusters, clients):
-    scenario = build_scenario(digits, RunConfig(num_clusters=clusters, clients_per_cluster=clients))
+    scenario = build_scenario(RunConfig(num_clusters=clusters, clients_per_cluster=clients))
     assert len(scenario.clients) == clusters * clients
     groups = np.array_split(np.arange(10), clusters)
     for split, labels in (("train", digits.train_y), ("test", digits.test_y)):
@@ -30,25 +30,127 @@ def test_label_shift_partitions_are_disjoint_complete_and_cluster_pure(digits, c
 
 
 def test_same_seed_same_split_other_seed_other_split(digits):
-    first = build_scenario(digits, RunConfig(seed=1))
-    again = build_scenario(digits, RunConfig(seed=1))
-    other = build_scenario(digits, RunConfig(seed=2))
+    first = build_scenario(RunConfig(seed=1))
+    again = build_scenario(RunConfig(seed=1))
+    other = build_scenario(RunConfig(seed=2))
     np.testing.assert_array_equal(first.clients[0].train_indices, again.clients[0].train_indices)
     assert not np.array_equal(first.clients[0].train_indices, other.clients[0].train_indices)
 
 
 def test_more_clusters_than_classes_is_refused(digits):
     with pytest.raises(FedcondError, match="lower num-clusters"):
-        build_scenario(digits, RunConfig(num_clusters=11))
+        build_scenario(RunConfig(num_clusters=11))
 
 
 def test_too_many_clients_for_the_data_is_refused(digits):
     with pytest.raises(FedcondError, match="lower clients-per-cluster"):
-        build_scenario(digits, RunConfig(num_clusters=10, clients_per_cluster=200))
+        build_scenario(RunConfig(num_clusters=10, clients_per_cluster=200))
 
 
 def test_summary_describes_clusters_and_sizes(digits):
-    summary = build_scenario(digits, RunConfig(num_clusters=3, clients_per_cluster=5)).summary()
+    summary = build_scenario(RunConfig(num_clusters=3, clients_per_cluster=5)).summary()
     assert summary["clusters"] == ["classes 0,1,2,3", "classes 4,5,6", "classes 7,8,9"]
     assert summary["num_clients"] == 15
     assert summary["train_samples_per_client"]["min"] >= 50
+
+
+def all_indices(scenario, split):
+    return np.concatenate([getattr(c, f"{split}_indices") for c in scenario.clients])
+
+
+@pytest.mark.parametrize(("rotations", "angles"), [("C1", [0, 180]), ("C4", [0, 10, 180, 350]), ("", [0, 120, 240])])
+def test_rotation_clusters_share_the_data_disjointly_with_their_angles(rotations, angles):
+    config = RunConfig(
+        scenario="covariate-rotation", rotations=rotations, num_clusters=len(angles), clients_per_cluster=2
+    )
+    scenario = build_scenario(config)
+    assert sorted({c.rotation for c in scenario.clients}) == sorted(float(a) for a in angles)
+    for split, size in (("train", 898), ("test", 899)):
+        indices = all_indices(scenario, split)
+        assert len(indices) == len(np.unique(indices)) == size  # every sample, once
+    assert all(c.rotation == float(angles[c.cluster]) for c in scenario.clients)
+
+
+def test_rotated_client_data_is_rotated_and_labels_unchanged(digits):
+    from fedcond.client_data import load_client_data
+
+    config = RunConfig(scenario="covariate-rotation", rotations="0,90", num_clusters=2, clients_per_cluster=2)
+    partition = build_scenario(config).clients[2]  # cluster 1: 90 degrees
+    data = load_client_data(config, 2)
+    np.testing.assert_array_equal(data.train_x, np.rot90(digits.train_x[partition.train_indices], 1, axes=(2, 3)))
+    np.testing.assert_array_equal(data.train_y, digits.train_y[partition.train_indices])
+
+
+@pytest.mark.parametrize(
+    ("rotations", "message"), [("0,ninety", "comma-separated degrees"), ("C3", "set num-clusters=4")]
+)
+def test_bad_rotation_settings_are_refused(rotations, message):
+    with pytest.raises(FedcondError, match=message):
+        build_scenario(RunConfig(scenario="covariate-rotation", rotations=rotations, num_clusters=2))
+
+
+def test_permutation_clusters_have_their_own_seeded_label_permutation(digits):
+    config = RunConfig(scenario="concept-permutation", num_clusters=3, clients_per_cluster=2, seed=4)
+    scenario = build_scenario(config)
+    maps = {c.cluster: tuple(c.label_map) for c in scenario.clients}
+    assert len(set(maps.values())) == 3 and all(sorted(m) == list(range(10)) for m in maps.values())
+    assert maps == {c.cluster: tuple(c.label_map) for c in build_scenario(config).clients}  # same seed
+    from fedcond.client_data import load_client_data
+
+    data = load_client_data(config, 5)
+    partition = scenario.clients[5]
+    np.testing.assert_array_equal(data.test_y, partition.label_map[digits.test_y[partition.test_indices]])
+    with pytest.raises(FedcondError, match=r"2\.\.5"):
+        build_scenario(RunConfig(scenario="concept-permutation", num_clusters=6))
+
+
+def test_data_fraction_subsamples_every_cluster():
+    full = build_scenario(RunConfig(scenario="label-shift", num_clusters=2, clients_per_cluster=2))
+    tenth = build_scenario(RunConfig(scenario="label-shift", num_clusters=2, clients_per_cluster=2, data_fraction=0.1))
+    assert len(all_indices(tenth, "train")) == pytest.approx(0.1 * len(all_indices(full, "train")), abs=2)
+    assert set(all_indices(tenth, "train")) <= set(all_indices(full, "train"))
+    assert tenth.summary()["data_fraction"] == 0.1
+
+
+@pytest.fixture
+def fake_idx_data(tmp_path):
+    from tests.test_datasets import write_fake_mnist
+
+    write_fake_mnist(tmp_path / "mnist", train=60, test=40)
+    write_fake_mnist(tmp_path / "fashion-mnist", train=50, test=30)
+    return tmp_path
+
+
+def test_semantic_clusters_relabel_by_their_grouping(fake_idx_data):
+    from fedcond.client_data import load_client_data
+
+    config = RunConfig(scenario="concept-semantic", dataset="mnist", num_clusters=2, clients_per_cluster=2,
+                       data_dir=str(fake_idx_data))  # fmt: skip
+    scenario = build_scenario(config)
+    assert scenario.num_classes == 2 and scenario.cluster_descriptions == ("labels odd/even", "labels below-5/above-5")
+    raw = load_dataset("mnist", fake_idx_data)
+    for partition_id, rule in ((0, lambda y: y % 2), (3, lambda y: (y >= 5).astype(int))):
+        data = load_client_data(config, partition_id)
+        np.testing.assert_array_equal(data.train_y, rule(raw.train_y[scenario.clients[partition_id].train_indices]))
+    with pytest.raises(FedcondError, match="change dataset"):
+        build_scenario(RunConfig(scenario="concept-semantic", num_clusters=2))
+
+
+def test_domain_clusters_are_mnist_and_fashion_mnist(fake_idx_data):
+    config = RunConfig(scenario="domain", dataset="mnist", num_clusters=2, clients_per_cluster=3,
+                       data_dir=str(fake_idx_data))  # fmt: skip
+    scenario = build_scenario(config)
+    assert [c.source for c in scenario.clients] == ["mnist"] * 3 + ["fashion-mnist"] * 3
+    assert sum(len(c.train_indices) for c in scenario.clients if c.source == "fashion-mnist") == 50
+    with pytest.raises(FedcondError, match="num-clusters=2"):
+        build_scenario(config.replace(num_clusters=3))
+
+
+def test_printed_summary_names_every_cluster_and_the_sizes():
+    from fedcond.scenarios import format_summary
+
+    text = format_summary(
+        build_scenario(RunConfig(scenario="covariate-rotation", rotations="C1", num_clusters=2)).summary()
+    )
+    assert "cluster 0: rotated 0 degrees" in text and "cluster 1: rotated 180 degrees" in text
+    assert "2 clusters x 5 clients" in text and "samples per client (min/median/max): train 89/90/90" in text

@@ -75,3 +75,20 @@ def test_wrong_number_of_nodes_stops_before_training(tmp_path, capsys):
     assert len(errors) == 1 and "the federation has 3 nodes" in errors[0] and "num-supernodes=4" in errors[0]
     rows, info = read_history(tmp_path / "r")
     assert rows == [] and info["status"] == "failed" and "num-supernodes=4" in info["error"]
+
+
+@pytest.mark.parametrize("scenario", ["covariate-rotation", "concept-permutation", "concept-semantic", "domain"])
+def test_every_scenario_runs_through_flower(tmp_path, scenario):
+    from tests.test_datasets import write_fake_mnist
+
+    write_fake_mnist(tmp_path / "data" / "mnist", train=80, test=40)
+    write_fake_mnist(tmp_path / "data" / "fashion-mnist", train=80, test=40)
+    dataset = "digits" if scenario in ("covariate-rotation", "concept-permutation") else "mnist"
+    config = RunConfig(
+        scenario=scenario, dataset=dataset, num_clusters=2, clients_per_cluster=2, num_server_rounds=1,
+        local_epochs=1, data_dir=str(tmp_path / "data"), results_dir=str(tmp_path / "results"), verbose=False,
+    )  # fmt: skip
+    simulate(config)
+    rows, info = read_history(tmp_path / "results")
+    assert len(rows) == 1 and math.isfinite(float(rows[0]["accuracy"])) and info["status"] == "finished"
+    assert info["scenario"]["scenario"] == scenario and len(info["scenario"]["clusters"]) == 2
