@@ -33,6 +33,7 @@ class RunConfig:
     # uniform subsample of every cluster's data for quick runs (recorded in run.json).
     rotations: str = ""
     data_fraction: float = 1.0
+    covariate_clusters: int = 2
     # 0 means "the dataset's default" (see fedcond.datasets.DATASETS); run.json records the value used.
     local_epochs: int = 0
     batch_size: int = 0

@@ -39,6 +39,10 @@ class ImageDataset:
     test_x: np.ndarray
     test_y: np.ndarray
     class_names: tuple[str, ...]
+    # The superclass of every class (CIFAR-10: vehicle/animal; CIFAR-100: its 20 official coarse
+    # classes), for scenarios that label by superclass; empty where the dataset has none.
+    superclass_of: tuple[int, ...] = ()
+    superclass_names: tuple[str, ...] = ()
 
     @property
     def num_classes(self) -> int:
@@ -176,6 +180,47 @@ def _idx_loader(name: str, class_names: tuple[str, ...]) -> Callable[[Path | Non
     return load
 
 
+def _cifar10(data_dir: Path | None) -> ImageDataset:
+    from fedcond.cifar import CIFAR10_CLASSES, load_cifar10_arrays
+
+    arrays = load_cifar10_arrays(data_dir)
+    vehicles = {"airplane", "automobile", "ship", "truck"}
+    superclass_of = tuple(0 if name in vehicles else 1 for name in CIFAR10_CLASSES)
+    return _from_uint8("cifar10", arrays, CIFAR10_CLASSES, superclass_of, ("vehicle", "animal"))
+
+
+def _cifar100(data_dir: Path | None) -> ImageDataset:
+    from fedcond.cifar import load_cifar100_arrays
+
+    arrays = load_cifar100_arrays(data_dir)
+    return _from_uint8(
+        "cifar100",
+        arrays,
+        tuple(str(name) for name in arrays["class_names"]),
+        tuple(int(k) for k in arrays["superclass_of"]),
+        tuple(str(name) for name in arrays["superclass_names"]),
+    )
+
+
+def _from_uint8(
+    name: str,
+    arrays: dict[str, np.ndarray],
+    class_names: tuple[str, ...],
+    superclass_of: tuple[int, ...],
+    superclass_names: tuple[str, ...],
+) -> ImageDataset:
+    return ImageDataset(
+        name,
+        arrays["train_x"].astype(np.float32) / 255.0,
+        arrays["train_y"].astype(np.int64),
+        arrays["test_x"].astype(np.float32) / 255.0,
+        arrays["test_y"].astype(np.int64),
+        class_names,
+        superclass_of,
+        superclass_names,
+    )
+
+
 FASHION_CLASSES = (
     "t-shirt/top", "trouser", "pullover", "dress", "coat",
     "sandal", "shirt", "sneaker", "bag", "ankle boot",
@@ -194,6 +239,8 @@ DATASETS: dict[str, DatasetSpec] = {
             "fashion-mnist", 10, (1, 28, 28), local_epochs=1, batch_size=64,
             load=_idx_loader("fashion-mnist", FASHION_CLASSES),
         ),
+        DatasetSpec("cifar10", 10, (3, 32, 32), local_epochs=1, batch_size=64, load=_cifar10),
+        DatasetSpec("cifar100", 100, (3, 32, 32), local_epochs=1, batch_size=64, load=_cifar100),
     )
 }  # fmt: skip
 

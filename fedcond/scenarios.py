@@ -41,6 +41,14 @@ SEMANTIC_GROUPINGS: dict[str, tuple[tuple[str, tuple[int, ...]], tuple[str, tupl
         ("formal/casual", (0, 1, 0, 1, 1, 0, 1, 0, 0, 1)),
         ("winter/summer", (0, 1, 1, 0, 1, 0, 0, 0, 1, 1)),
     ),
+    # CIFAR-10 (airplane, automobile, bird, cat, deer, dog, frog, horse, ship, truck).
+    # vehicle (0): airplane, automobile, ship, truck; domestic (1): cat, dog, horse; wild (2): bird,
+    # deer, frog. By typical real-world size: large (0): airplane, ship, truck, horse; medium (1):
+    # automobile, deer, dog; small (2): bird, cat, frog.
+    "cifar10": (
+        ("vehicle/domestic/wild", (0, 0, 2, 1, 2, 1, 2, 1, 0, 0)),
+        ("large/medium/small", (0, 1, 2, 2, 1, 1, 2, 0, 0, 0)),
+    ),
 }  # fmt: skip
 
 DOMAIN_SOURCES = ("mnist", "fashion-mnist")
@@ -192,7 +200,7 @@ def label_shift(load: Loader, config: RunConfig) -> Scenario:
         )
     builder = _Builder(config)
     identity = np.arange(num_classes)
-    for classes in np.array_split(np.arange(num_classes), config.num_clusters):
+    for classes in _label_shift_groups(dataset, config.num_clusters):
         builder.add_cluster(
             "classes " + ",".join(dataset.class_names[c] for c in classes),
             np.flatnonzero(np.isin(dataset.train_y, classes)),
@@ -201,6 +209,80 @@ def label_shift(load: Loader, config: RunConfig) -> Scenario:
             dataset.name,
         )
     return builder.scenario("label-shift", dataset.name, num_classes)
+
+
+def _label_shift_groups(dataset: ImageDataset, num_clusters: int) -> list[np.ndarray]:
+    """Contiguous class groups; superclasses when K equals their count (CIFAR-10 K=2, CIFAR-100 K=20)."""
+    if dataset.superclass_names and num_clusters == len(dataset.superclass_names):
+        superclass_of = np.array(dataset.superclass_of)
+        return [np.flatnonzero(superclass_of == k) for k in range(num_clusters)]
+    return np.array_split(np.arange(dataset.num_classes), num_clusters)
+
+
+def covariate_subclass(load: Loader, config: RunConfig) -> Scenario:
+    """E2a: every cluster predicts the same superclasses but sees its own subclasses of each.
+
+    Each superclass's subclasses are split into K contiguous groups; cluster k sees group k of
+    every superclass (CIFAR-10, K=2: airplane, automobile / bird, cat, deer vs ship, truck / dog,
+    frog, horse, all labelled vehicle or animal).
+    """
+    dataset = load(config.dataset)
+    if not dataset.superclass_names:
+        raise FedcondError(
+            f"covariate-subclass needs superclasses (cifar10, cifar100), not {dataset.name}; change dataset"
+        )
+    superclass_of = np.array(dataset.superclass_of)
+    members = [np.flatnonzero(superclass_of == k) for k in range(len(dataset.superclass_names))]
+    smallest = min(len(group) for group in members)
+    if not 2 <= config.num_clusters <= smallest:
+        raise FedcondError(
+            f"covariate-subclass on {dataset.name} takes num-clusters 2..{smallest} (got {config.num_clusters})"
+        )
+    builder = _Builder(config)
+    for cluster in range(config.num_clusters):
+        classes = np.concatenate([np.array_split(group, config.num_clusters)[cluster] for group in members])
+        builder.add_cluster(
+            "sees " + ",".join(dataset.class_names[c] for c in classes) + " as " + "/".join(dataset.superclass_names),
+            np.flatnonzero(np.isin(dataset.train_y, classes)),
+            np.flatnonzero(np.isin(dataset.test_y, classes)),
+            superclass_of,
+            dataset.name,
+        )
+    return builder.scenario("covariate-subclass", dataset.name, len(dataset.superclass_names))
+
+
+def combined(load: Loader, config: RunConfig) -> Scenario:
+    """E4b: two concept groups (CIFAR-10's vehicle/domestic/wild vs large/medium/small labellings),
+    each split into C covariate clusters that see different subclasses of every label: 2*C clusters.
+    """
+    if config.dataset != "cifar10":
+        raise FedcondError(f"combined is defined on cifar10, not {config.dataset}; set dataset=cifar10")
+    covariate = config.covariate_clusters
+    if config.num_clusters != 2 * covariate:
+        raise FedcondError(
+            f"combined has 2 x covariate-clusters = {2 * covariate} clusters; set num-clusters={2 * covariate}"
+        )
+    if not 1 <= covariate <= 3:
+        raise FedcondError(
+            f"combined takes covariate-clusters 1..3 (every label has 3 subclasses at least), got {covariate}"
+        )
+    dataset = load(config.dataset)
+    builder = _Builder(config)
+    halves = RunConfig(num_clusters=2, seed=config.seed)
+    shares = _Builder(halves).disjoint_shares(dataset)
+    for (name, mapping), (train, test) in zip(SEMANTIC_GROUPINGS["cifar10"], shares, strict=True):
+        label_map = np.array(mapping)
+        members = [np.flatnonzero(label_map == label) for label in range(label_map.max() + 1)]
+        for part in range(covariate):
+            classes = np.concatenate([np.array_split(group, covariate)[part] for group in members])
+            builder.add_cluster(
+                f"labels {name}, sees " + ",".join(dataset.class_names[c] for c in classes),
+                train[np.isin(dataset.train_y[train], classes)],
+                test[np.isin(dataset.test_y[test], classes)],
+                label_map,
+                dataset.name,
+            )
+    return builder.scenario("combined", dataset.name, 3)
 
 
 def parse_rotations(text: str, num_clusters: int) -> tuple[float, ...]:
@@ -253,7 +335,7 @@ def concept_permutation(load: Loader, config: RunConfig) -> Scenario:
 
 
 def concept_semantic(load: Loader, config: RunConfig) -> Scenario:
-    """E3a: two clusters label the same kind of images by two different binary semantic groupings."""
+    """E3a: two clusters label the same kind of images by two different semantic groupings."""
     if config.dataset not in SEMANTIC_GROUPINGS:
         raise FedcondError(
             f"concept-semantic is defined for {', '.join(SEMANTIC_GROUPINGS)}, not {config.dataset}; change dataset"
@@ -265,7 +347,7 @@ def concept_semantic(load: Loader, config: RunConfig) -> Scenario:
     groupings = SEMANTIC_GROUPINGS[config.dataset]
     for (name, mapping), (train, test) in zip(groupings, builder.disjoint_shares(dataset), strict=True):
         builder.add_cluster(f"labels {name}", train, test, np.array(mapping), dataset.name)
-    return builder.scenario("concept-semantic", dataset.name, 2)
+    return builder.scenario("concept-semantic", dataset.name, max(max(m) for _, m in groupings) + 1)
 
 
 def domain(load: Loader, config: RunConfig) -> Scenario:
@@ -285,10 +367,12 @@ def domain(load: Loader, config: RunConfig) -> Scenario:
 
 SCENARIOS: dict[str, Callable[[Loader, RunConfig], Scenario]] = {
     "label-shift": label_shift,
+    "covariate-subclass": covariate_subclass,
     "covariate-rotation": covariate_rotation,
     "concept-semantic": concept_semantic,
     "concept-permutation": concept_permutation,
     "domain": domain,
+    "combined": combined,
 }
 
 
@@ -335,5 +419,6 @@ def scenario_for(config: RunConfig) -> Scenario:
         data_dir=str(config.resolved_data_dir() or ""),
         rotations=config.rotations,
         data_fraction=config.data_fraction,
+        covariate_clusters=config.covariate_clusters,
     )
     return _cached_scenario(key)

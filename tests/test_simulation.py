@@ -77,15 +77,23 @@ def test_wrong_number_of_nodes_stops_before_training(tmp_path, capsys):
     assert rows == [] and info["status"] == "failed" and "num-supernodes=4" in info["error"]
 
 
-@pytest.mark.parametrize("scenario", ["covariate-rotation", "concept-permutation", "concept-semantic", "domain"])
+SCENARIO_DATASETS = {
+    "covariate-rotation": "digits", "concept-permutation": "digits", "concept-semantic": "mnist",
+    "domain": "mnist", "covariate-subclass": "cifar10", "combined": "cifar10",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIO_DATASETS))
 def test_every_scenario_runs_through_flower(tmp_path, scenario):
+    from tests.test_cifar import write_cifar10_folder
     from tests.test_datasets import write_fake_mnist
 
     write_fake_mnist(tmp_path / "data" / "mnist", train=80, test=40)
     write_fake_mnist(tmp_path / "data" / "fashion-mnist", train=80, test=40)
-    dataset = "digits" if scenario in ("covariate-rotation", "concept-permutation") else "mnist"
+    write_cifar10_folder(tmp_path / "data" / "cifar10-jpeg", per_class=(8, 4))
     config = RunConfig(
-        scenario=scenario, dataset=dataset, num_clusters=2, clients_per_cluster=2, num_server_rounds=1,
+        scenario=scenario, dataset=SCENARIO_DATASETS[scenario], num_clusters=2, clients_per_cluster=2,
+        covariate_clusters=1, num_server_rounds=1,
         local_epochs=1, data_dir=str(tmp_path / "data"), results_dir=str(tmp_path / "results"), verbose=False,
     )  # fmt: skip
     simulate(config)

@@ -1,0 +1,140 @@
+"""CIFAR loaders (image folders, torchvision's pickles), their scenarios and the CIFAR CNN, on tiny fakes."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from fedcond.cifar import CIFAR10_CLASSES, cache_dir
+from fedcond.config import RunConfig
+from fedcond.datasets import load_dataset
+from fedcond.errors import FedcondError
+from fedcond.models import build_model
+from fedcond.scenarios import build_scenario
+
+
+def write_cifar10_folder(root, per_class=(6, 3)):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in zip(("train", "test"), per_class, strict=True):
+        for label, name in enumerate(CIFAR10_CLASSES):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = np.full((32, 32, 3), 20 * label, dtype=np.uint8) + rng.integers(
+                    0, 5, (32, 32, 3), dtype=np.uint8
+                )
+                Image.fromarray(pixels).save(folder / f"{i:04d}.png")
+    return root
+
+
+def write_cifar100_pickles(root, per_class=(2, 1)):
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    coarse_of = np.arange(100) // 5  # a made-up but complete fine -> coarse map
+    for split, count in zip(("train", "test"), per_class, strict=True):
+        fine = np.repeat(np.arange(100), count)
+        data = rng.integers(0, 256, (len(fine), 3072), dtype=np.uint8)
+        batch = {b"data": data, b"fine_labels": fine.tolist(), b"coarse_labels": coarse_of[fine].tolist()}
+        (folder / split).write_bytes(pickle.dumps(batch))
+    meta = {b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
+            b"coarse_label_names": [f"coarse{i}".encode() for i in range(20)]}  # fmt: skip
+    (folder / "meta").write_bytes(pickle.dumps(meta))
+    return root
+
+
+def test_cifar10_image_folders_are_decoded_once_and_cached(tmp_path):
+    root = write_cifar10_folder(tmp_path / "cifar10-jpeg")
+    dataset = load_dataset("cifar10", tmp_path)
+    assert dataset.train_x.shape == (60, 3, 32, 32) and dataset.test_x.shape == (30, 3, 32, 32)
+    assert dataset.train_x.dtype == np.float32 and dataset.train_x.min() >= 0 and dataset.train_x.max() <= 1
+    assert np.bincount(dataset.train_y).tolist() == [6] * 10
+    assert dataset.superclass_names == ("vehicle", "animal") and dataset.superclass_of[0] == 0
+    assert len(list(cache_dir().glob("cifar10-images-*.npz"))) == 1
+    # The cache, not the images, serves the next process: remove one image and decode again.
+    (root / "train" / "cat" / "0000.png").unlink()
+    load_dataset.cache_clear()
+    assert load_dataset("cifar10", tmp_path).train_x.shape == (60, 3, 32, 32)
+
+
+def test_cifar100_pickles_give_fine_labels_and_superclasses(tmp_path):
+    dataset = load_dataset("cifar100", write_cifar100_pickles(tmp_path))
+    assert dataset.num_classes == 100 and len(dataset.superclass_names) == 20
+    assert dataset.train_x.shape == (200, 3, 32, 32)
+    assert dataset.superclass_of[:6] == (0, 0, 0, 0, 0, 1)
+
+
+def test_corrupt_cifar100_file_is_reported(tmp_path):
+    root = write_cifar100_pickles(tmp_path)
+    train = root / "cifar-100-python" / "train"
+    train.write_bytes(train.read_bytes()[:100])
+    with pytest.raises(FedcondError, match="truncated or corrupt"):
+        load_dataset("cifar100", root)
+
+
+def test_missing_cifar_folder_names_the_fix(tmp_path):
+    with pytest.raises(FedcondError, match="point data-dir"):
+        load_dataset("cifar10", tmp_path)
+
+
+@pytest.fixture
+def cifar10_dir(tmp_path):
+    write_cifar10_folder(tmp_path / "cifar10-jpeg", per_class=(12, 6))
+    return tmp_path
+
+
+def test_label_shift_on_cifar10_with_two_clusters_is_vehicles_vs_animals(cifar10_dir):
+    scenario = build_scenario(
+        RunConfig(dataset="cifar10", num_clusters=2, clients_per_cluster=2, data_dir=str(cifar10_dir))
+    )
+    assert scenario.cluster_descriptions == (
+        "classes airplane,automobile,ship,truck",
+        "classes bird,cat,deer,dog,frog,horse",
+    )
+
+
+def test_covariate_subclass_labels_by_superclass_and_splits_subclasses(cifar10_dir):
+    config = RunConfig(dataset="cifar10", scenario="covariate-subclass", num_clusters=2, clients_per_cluster=2,
+                       data_dir=str(cifar10_dir))  # fmt: skip
+    scenario = build_scenario(config)
+    dataset = load_dataset("cifar10", cifar10_dir)
+    assert scenario.num_classes == 2
+    seen = [
+        set(dataset.train_y[np.concatenate([c.train_indices for c in scenario.clients if c.cluster == k])])
+        for k in (0, 1)
+    ]
+    assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(10))  # disjoint subclasses, all covered
+    for k in (0, 1):  # both clusters see vehicles and animals
+        assert {dataset.superclass_of[c] for c in seen[k]} == {0, 1}
+    client = scenario.clients[0]
+    assert list(client.label_map) == list(dataset.superclass_of)
+    with pytest.raises(FedcondError, match=r"num-clusters 2\.\.4"):
+        build_scenario(config.replace(num_clusters=5))
+    with pytest.raises(FedcondError, match="needs superclasses"):
+        build_scenario(RunConfig(scenario="covariate-subclass", num_clusters=2))
+
+
+def test_combined_has_two_concepts_times_covariate_clusters(cifar10_dir):
+    config = RunConfig(dataset="cifar10", scenario="combined", num_clusters=6, covariate_clusters=3,
+                       clients_per_cluster=1, data_dir=str(cifar10_dir))  # fmt: skip
+    scenario = build_scenario(config)
+    dataset = load_dataset("cifar10", cifar10_dir)
+    maps = [tuple(c.label_map) for c in scenario.clients]
+    assert len(set(maps[:3])) == 1 and len(set(maps[3:])) == 1 and maps[0] != maps[3]
+    for group in (scenario.clients[:3], scenario.clients[3:]):
+        classes = [set(dataset.train_y[c.train_indices]) for c in group]
+        assert not (classes[0] & classes[1]) and set().union(*classes) == set(range(10))
+        for client in group:  # every covariate cluster still sees all three labels
+            assert set(client.label_map[dataset.train_y[client.train_indices]]) == {0, 1, 2}
+    with pytest.raises(FedcondError, match="set num-clusters=6"):
+        build_scenario(config.replace(num_clusters=4))
+
+
+def test_cifar_network_shapes():
+    model = build_model((3, 32, 32), 10, 32, seed=0)
+    assert model.classifier[0].in_features == 4096 + 32 and model.classifier[0].out_features == 256
+    assert model(torch.zeros(4, 3, 32, 32), torch.zeros(1, 32)).shape == (4, 10)
+    assert any(isinstance(layer, torch.nn.BatchNorm2d) for layer in model.features)
