@@ -109,14 +109,18 @@ class FedcondClient(NumPyClient):
     def raw_fingerprint(self) -> np.ndarray:
         if FINGERPRINT_KEY not in self.state.array_records:
             vector = fp.eigen_fingerprint(
-                self.data.train_x,
-                self.data.train_y,
-                self.data.num_classes,
-                self.config.fingerprint_dim,
-                self.config.seed,
+                self.features(), self.data.train_y, self.data.num_classes, self.config.fingerprint_dim, self.config.seed
             )
             self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
         return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]
+
+    def features(self) -> np.ndarray:
+        """phi(x) of the training images: the pixels, or the frozen encoder's embedding."""
+        if self.config.fingerprint_encoder == "pixels":
+            return self.data.train_x
+        from fedcond.encoder import embed
+
+        return embed(self.data.train_x, self.config.fingerprint_encoder, self.config.resolved_data_dir())
 
     def condition(self, config: dict[str, object]) -> np.ndarray | None:
         """The normalised fingerprint the model is fed, or None for an unconditioned method."""

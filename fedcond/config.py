@@ -40,6 +40,8 @@ class RunConfig:
     learning_rate: float = 0.01
     momentum: float = 0.9
     fingerprint_dim: int = 32
+    # phi in Z = [phi(x) || onehot(y)]: "pixels", or the dataset a frozen encoder is trained on.
+    fingerprint_encoder: str = "pixels"
     normalisation: str = "federated"
     seed: int = 0
     data_dir: str = ""

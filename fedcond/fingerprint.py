@@ -19,7 +19,7 @@ STD_FLOOR = 1e-8
 
 
 def feature_matrix(images: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """Z = [phi(x) || onehot(y)] with phi the flattened pixels (already scaled to [0, 1])."""
+    """Z = [phi(x) || onehot(y)]; ``images`` are pixels in [0, 1] (flattened here) or embeddings."""
     pixels = images.reshape(len(images), -1).astype(np.float64)
     onehot = np.zeros((len(labels), num_classes), dtype=np.float64)
     onehot[np.arange(len(labels)), labels] = 1.0

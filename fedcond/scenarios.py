@@ -398,8 +398,12 @@ def build_scenario(config: RunConfig, load: Loader | None = None) -> Scenario:
 
 def validate_without_data(config: RunConfig) -> None:
     """Every check that needs no data files: cheap enough for any entry point to run first."""
+    from fedcond.encoder import check_encoder
+
     dataset_spec(config.dataset)
     check_scenario_name(config.scenario)
+    held = DOMAIN_SOURCES if config.scenario == "domain" else (config.dataset,)
+    check_encoder(config.fingerprint_encoder, held)
 
 
 @functools.lru_cache(maxsize=8)

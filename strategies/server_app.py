@@ -10,6 +10,7 @@ from flwr.server.compat import start_grid
 
 from fedcond.config import RunConfig
 from fedcond.datasets import dataset_spec
+from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder, results_folder
 from fedcond.methods import ServerSetup, get_method
@@ -25,6 +26,11 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     scenario = scenario_for(config)
     condition_dim = config.fingerprint_dim if method.conditioned else 0
     model = build_model(dataset_spec(config.dataset).image_shape, scenario.num_classes, condition_dim, config.seed)
+    if method.conditioned and config.fingerprint_encoder != "pixels":
+        # Trained (once, then cached) here, before any client needs it to compute its fingerprint.
+        if config.verbose:
+            print(f"fedcond: fingerprint encoder trained on {config.fingerprint_encoder} (cached after the first run)")
+        load_encoder(config.fingerprint_encoder, config.resolved_data_dir())
     folder = results_folder(config)
     details = {
         "method": {"name": method.name, "summary": method.summary, "conditioned": method.conditioned},

@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+
+from fedcond import encoder
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.scenarios import validate_without_data
+
+
+def test_grey_28px_images_become_rgb_32px():
+    rgb = encoder.as_rgb32(np.ones((2, 1, 28, 28), dtype=np.float32))
+    assert rgb.shape == (2, 3, 32, 32) and rgb[0, :, 0, 0].sum() == 0 and rgb[0, :, 2, 2].tolist() == [1, 1, 1]
+
+
+def test_encoder_is_trained_once_cached_and_embeds_128d(tmp_path, monkeypatch):
+    from tests.test_datasets import write_fake_mnist
+
+    write_fake_mnist(tmp_path / "fashion-mnist", train=40, test=10)
+    monkeypatch.setitem(encoder.ENCODER_SETTINGS, "samples", 32)
+    monkeypatch.setitem(encoder.ENCODER_SETTINGS, "epochs", 1)
+    encoder.load_encoder.cache_clear()
+    vectors = encoder.embed(np.random.default_rng(0).random((5, 3, 32, 32)), "fashion-mnist", tmp_path)
+    assert vectors.shape == (5, 128) and np.all(np.isfinite(vectors))
+    (cached,) = (tmp_path / "cache").glob("encoder-fashion-mnist-*.pt")
+    encoder.load_encoder.cache_clear()
+    monkeypatch.setattr(encoder, "train_encoder", lambda *args: pytest.fail("trained again despite the cache"))
+    again = encoder.embed(np.random.default_rng(0).random((5, 3, 32, 32)), "fashion-mnist", tmp_path)
+    np.testing.assert_allclose(again, vectors, rtol=1e-5)
+    assert cached.is_file()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"dataset": "cifar10", "fingerprint_encoder": "cifar10"}, "clients' own dataset"),
+        ({"dataset": "mnist", "scenario": "domain", "num_clusters": 2, "fingerprint_encoder": "fashion-mnist"}, "own"),
+        ({"dataset": "cifar10", "fingerprint_encoder": "imagenet"}, "unknown fingerprint-encoder"),
+    ],
+)
+def test_encoder_must_come_from_data_no_client_holds(settings, message):
+    with pytest.raises(FedcondError, match=message):
+        validate_without_data(RunConfig(**settings))
