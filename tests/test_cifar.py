@@ -111,6 +111,8 @@ def test_covariate_subclass_labels_by_superclass_and_splits_subclasses(cifar10_d
         assert {dataset.superclass_of[c] for c in seen[k]} == {0, 1}
     client = scenario.clients[0]
     assert list(client.label_map) == list(dataset.superclass_of)
+    for client in scenario.clients:  # test samples come from the client's own subclasses
+        assert set(dataset.test_y[client.test_indices]) <= seen[client.cluster]
     with pytest.raises(FedcondError, match=r"num-clusters 2\.\.4"):
         build_scenario(config.replace(num_clusters=5))
     with pytest.raises(FedcondError, match="needs superclasses"):

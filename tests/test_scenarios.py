@@ -79,6 +79,8 @@ def test_rotated_client_data_is_rotated_and_labels_unchanged(digits):
     data = load_client_data(config, 2)
     np.testing.assert_array_equal(data.train_x, np.rot90(digits.train_x[partition.train_indices], 1, axes=(2, 3)))
     np.testing.assert_array_equal(data.train_y, digits.train_y[partition.train_indices])
+    # The client's test set follows its own distribution: rotated the same way.
+    np.testing.assert_array_equal(data.test_x, np.rot90(digits.test_x[partition.test_indices], 1, axes=(2, 3)))
 
 
 @pytest.mark.parametrize(
