@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FEDCOND_CACHE_DIR", Path.home() / ".cache" / "fedcond"))
 
 
-def _cached(key: str, build: callable) -> dict[str, np.ndarray]:
+def _cached(key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """``build()``'s arrays, decoded once and then read from an .npz in the cache folder."""
     path = cache_dir() / f"{key}.npz"
     if path.is_file():
