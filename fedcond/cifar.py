@@ -150,13 +150,10 @@ def load_cifar10_arrays(data_dir: Path | None) -> dict[str, np.ndarray]:
         if (folder / "cifar-10-batches-py" / "data_batch_1").is_file():
             batches = folder / "cifar-10-batches-py"
             return _cached(_folder_key("cifar10-batches", batches), lambda f=batches: _decode_cifar10_batches(f))
-    if data_dir is not None:
-        raise FedcondError(
-            f"no CIFAR-10 under {data_dir}: expected train/<class>/*.jpg image folders (or a cifar10-jpeg "
-            "subfolder) or torchvision's cifar-10-batches-py; point data-dir at one"
-        )
-    root = _try_download("cifar10")
-    return _cached(_folder_key("cifar10-batches", root), lambda: _decode_cifar10_batches(root / "cifar-10-batches-py"))
+    return _absent_or_downloaded(
+        "cifar10", data_dir, "train/<class>/*.jpg image folders (or a cifar10-jpeg subfolder) or cifar-10-batches-py",
+        lambda root: _decode_cifar10_batches(root / "cifar-10-batches-py"),
+    )  # fmt: skip
 
 
 def load_cifar100_arrays(data_dir: Path | None) -> dict[str, np.ndarray]:
@@ -165,13 +162,20 @@ def load_cifar100_arrays(data_dir: Path | None) -> dict[str, np.ndarray]:
         for candidate in (folder, folder / "cifar-100-python"):
             if (candidate / "train").is_file() and (candidate / "meta").is_file():
                 return _cached(_folder_key("cifar100", candidate), lambda f=candidate: _decode_cifar100(f))
+    return _absent_or_downloaded(
+        "cifar100", data_dir, "torchvision's cifar-100-python folder (train, test, meta)",
+        lambda root: _decode_cifar100(root / "cifar-100-python"),
+    )  # fmt: skip
+
+
+def _absent_or_downloaded(
+    kind: str, data_dir: Path | None, expected: str, decode: Callable[[Path], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """A named data-dir without the data is an error; with none, torchvision downloads it."""
     if data_dir is not None:
-        raise FedcondError(
-            f"no CIFAR-100 under {data_dir}: expected torchvision's cifar-100-python folder (train, test, meta); "
-            "point data-dir at it"
-        )
-    root = _try_download("cifar100")
-    return _cached(_folder_key("cifar100", root), lambda: _decode_cifar100(root / "cifar-100-python"))
+        raise FedcondError(f"no {kind} under {data_dir}: expected {expected}; point data-dir at it")
+    root = _try_download(kind)
+    return _cached(_folder_key(f"{kind}-download", root), lambda: decode(root))
 
 
 def _try_download(kind: str) -> Path:
