@@ -12,7 +12,7 @@ from scipy.sparse.linalg import svds
 
 from fedcond.errors import FedcondError
 
-# Below this many rows/columns an exact SVD costs less than the randomized one's passes.
+# Below this many rows or columns a full SVD is cheaper than Lanczos iterations (and needs no k < rank).
 EXACT_SVD_LIMIT = 128
 LOG_FLOOR = 1e-4
 STD_FLOOR = 1e-8
