@@ -14,9 +14,8 @@ from fedcond import fingerprint as fp
 from fedcond import secure_sum
 from fedcond.client_data import ClientData
 from fedcond.config import RunConfig
-from fedcond.datasets import dataset_spec
 from fedcond.errors import FedcondError
-from fedcond.models import ConditionalCNN, build_model, get_weights, set_weights
+from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
 from fedcond.protocol import (
     ACCURACY,
     CLUSTER,
@@ -65,10 +64,7 @@ class FedcondClient(NumPyClient):
 
     def fresh_model(self) -> ConditionalCNN:
         """The seeded initial model: identical on every client and on the server."""
-        condition_dim = self.config.fingerprint_dim if self.conditioned else 0
-        return build_model(
-            dataset_spec(self.config.dataset).image_shape, self.data.num_classes, condition_dim, self.config.seed
-        )
+        return build_run_model(self.config, self.data.num_classes, self.conditioned)
 
     def stored_model(self, key: str) -> ConditionalCNN | None:
         """A model this client keeps between rounds in ``context.state`` (None before the first save)."""

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 
 
@@ -80,6 +81,15 @@ def build_model(image_shape: tuple[int, int, int], num_classes: int, condition_d
     model = ConditionalCNN(image_shape, num_classes, condition_dim)
     torch.random.set_rng_state(generator_state)
     return model
+
+
+def build_run_model(config: RunConfig, num_classes: int, conditioned: bool, seed: int | None = None) -> ConditionalCNN:
+    """The backbone of a run, as the server and every client build it (``seed`` defaults to the run's)."""
+    from fedcond.datasets import dataset_spec
+
+    condition_dim = config.fingerprint_dim if conditioned else 0
+    image_shape = dataset_spec(config.dataset).image_shape
+    return build_model(image_shape, num_classes, condition_dim, config.seed if seed is None else seed)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -6,20 +6,14 @@ from flwr.common import FitRes, Parameters, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from fedcond.datasets import dataset_spec
 from fedcond.methods import ServerSetup
-from fedcond.models import build_model, get_weights
+from fedcond.models import build_run_model, get_weights
 from strategies.base import FedcondStrategy
 
 
 def initial_weights(setup: ServerSetup, seed: int | None = None) -> list:
     """The seeded initial backbone (conditioned or not); ``seed`` defaults to the run's."""
-    config = setup.config
-    condition_dim = config.fingerprint_dim if setup.conditioned else 0
-    image_shape = dataset_spec(config.dataset).image_shape
-    return get_weights(
-        build_model(image_shape, setup.num_classes, condition_dim, config.seed if seed is None else seed)
-    )
+    return get_weights(build_run_model(setup.config, setup.num_classes, setup.conditioned, seed))
 
 
 class FedcondFedAvg(FedcondStrategy, FedAvg):

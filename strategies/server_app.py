@@ -9,12 +9,11 @@ from flwr.server import Grid, ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 
 from fedcond.config import RunConfig
-from fedcond.datasets import dataset_spec
 from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder, results_folder
 from fedcond.methods import ServerSetup, get_method
-from fedcond.models import build_model, count_parameters
+from fedcond.models import build_run_model, count_parameters
 from fedcond.scenarios import format_summary, scenario_for, validate_without_data
 
 
@@ -24,8 +23,7 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     config = config.resolved()
     method = get_method(config.method)
     scenario = scenario_for(config)
-    condition_dim = config.fingerprint_dim if method.conditioned else 0
-    model = build_model(dataset_spec(config.dataset).image_shape, scenario.num_classes, condition_dim, config.seed)
+    model = build_run_model(config, scenario.num_classes, method.conditioned)
     if method.conditioned and config.fingerprint_encoder != "pixels":
         # Trained (once, then cached) here, before any client needs it to compute its fingerprint.
         if config.verbose:
