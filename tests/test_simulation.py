@@ -6,25 +6,9 @@ import math
 from pathlib import Path
 
 import pytest
-from flwr.simulation import run_simulation
 
-from clients.app import make_client_app
 from fedcond.config import RunConfig
-from strategies.server_app import make_server_app
-
-BACKEND = {
-    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-    "init_args": {"num_cpus": 2, "include_dashboard": False, "_node_ip_address": "127.0.0.1"},
-}
-
-
-def simulate(config: RunConfig, num_supernodes: int | None = None) -> None:
-    run_simulation(
-        server_app=make_server_app(config),
-        client_app=make_client_app(config),
-        num_supernodes=num_supernodes or config.num_clients,
-        backend_config=BACKEND,
-    )
+from strategies.simulation import simulate
 
 
 def read_history(results: Path) -> tuple[list[dict[str, str]], dict]:
