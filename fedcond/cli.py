@@ -13,11 +13,23 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.experiment import (
+    Experiment,
+    column_name,
+    expand_methods,
+    failed_runs,
+    load_experiment,
+    parse_list,
+    parse_seeds,
+    read_grid_file,
+    run_experiment,
+    write_metrics,
+)
 from fedcond.history import run_status, unused_run_folder
 
 # flwr 1.42 checks for updates, posts telemetry and rebuilds the app's environment per run unless
@@ -136,24 +148,122 @@ def run(
     return returncode
 
 
+def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> Callable[[RunConfig], None]:
+    """Runs one configuration as an in-process Flower simulation (ServerApp thread, Ray clients)."""
+    from strategies.simulation import simulate
+
+    gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
+    for name, value in OFFLINE_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    return lambda config: simulate(config, cpus_per_client=cpus_per_client, gpus_per_client=gpus, quiet=True)
+
+
+def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, arguments: argparse.Namespace) -> int:
+    """Run what is not finished yet, then write metrics.csv and the reports; 1 if any run failed."""
+    run_experiment(experiment, base, out, simulation_runner(arguments.cpus_per_client, arguments.gpus_per_client),
+                   sys.stdout)  # fmt: skip
+    return report(out)
+
+
+def report(out: Path) -> int:
+    """(Re)write ``metrics.csv`` and the reports of a compare or sweep folder, and print them."""
+    from fedcond.report import render
+
+    experiment = load_experiment(out)
+    write_metrics(experiment, out)
+    failures = failed_runs(experiment, out)
+    text = render(out, experiment.title, experiment.kind, experiment.tables,
+                  [column_name(axis) for axis in experiment.setting_axes], failures)  # fmt: skip
+    print(text)
+    print(f"fedcond: metrics.csv and reports written to {out}")
+    if failures:
+        print(f"fedcond: error: {len(failures)} run(s) did not finish; see summary.md", file=sys.stderr)
+        return 1
+    return 0
+
+
+def compare(arguments: argparse.Namespace) -> int:
+    """``fedcond compare``: every listed method (and seed) on one scenario."""
+    flags = {
+        "dataset": arguments.dataset,
+        "scenario": arguments.scenario,
+        "num-clusters": arguments.num_clusters,
+        "clients-per-cluster": arguments.clients_per_cluster,
+        "num-server-rounds": arguments.rounds,
+    }
+    settings = {
+        **read_override_file(arguments.config),
+        **parse_assignments(arguments.settings),
+        **{key: value for key, value in flags.items() if value is not None},
+    }
+    for key in ("method", "seed"):
+        if key in settings:
+            raise FedcondError(f"compare takes methods and seeds from --methods and --seeds, not {key}=")
+    axes: dict[str, list[object]] = {
+        "method": list(expand_methods(parse_list(arguments.methods, "--methods"))),
+        "seed": list(parse_seeds(arguments.seeds)),
+    }
+    experiment = Experiment(settings, axes, title=arguments.title or "fedcond compare", kind="compare")
+    return run_and_report(experiment, default_config(), Path(arguments.out), arguments)
+
+
+def sweep(arguments: argparse.Namespace) -> int:
+    """``fedcond sweep GRID``: every point of a grid file, with tables in the paper's layout."""
+    experiment = read_grid_file(Path(arguments.grid), arguments.profile)
+    experiment.settings.update(parse_assignments(arguments.settings))
+    return run_and_report(experiment, default_config(), Path(arguments.out), arguments)
+
+
+def add_resource_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cpus-per-client", type=int, default=1, help="Ray CPUs per virtual client (default 1)")
+    parser.add_argument(
+        "--gpus-per-client", type=float, default=None, help="GPU share per virtual client (0.25 with CUDA, else 0)"
+    )
+
+
+def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
+    compare_parser = commands.add_parser(
+        "compare", help="several methods (and seeds) on one scenario: metrics.csv, summary.md, convergence.png"
+    )
+    compare_parser.add_argument("settings", nargs="*", help="any other run-config setting, e.g. data-fraction=0.1")
+    compare_parser.add_argument("--dataset")
+    compare_parser.add_argument("--scenario")
+    compare_parser.add_argument("--num-clusters", type=int, metavar="K")
+    compare_parser.add_argument("--clients-per-cluster", type=int, metavar="N")
+    compare_parser.add_argument("--rounds", type=int, metavar="R", help="federated rounds (num-server-rounds)")
+    compare_parser.add_argument("--methods", default="all", help="comma-separated method names, or all (default)")
+    compare_parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    compare_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
+    compare_parser.add_argument("--title", help="title of summary.md and the plot")
+    compare_parser.add_argument("--out", required=True, metavar="DIR", help="results folder; rerun to resume")
+    add_resource_flags(compare_parser)
+    sweep_parser = commands.add_parser("sweep", help="a grid file of runs: metrics.csv, tables.md, figures")
+    sweep_parser.add_argument("grid", help="grid file, e.g. experiments/e1-k-sweep.toml")
+    sweep_parser.add_argument("settings", nargs="*", help="fixed settings to add, e.g. data-dir=/data")
+    sweep_parser.add_argument("--profile", help="a [profiles.NAME] of the grid file, e.g. quick")
+    sweep_parser.add_argument("--out", required=True, metavar="DIR", help="results folder; rerun to resume")
+    add_resource_flags(sweep_parser)
+    report_parser = commands.add_parser("report", help="redraw the tables and figures of a compare or sweep folder")
+    report_parser.add_argument("out", metavar="DIR")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedcond", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="run one Flower simulation: fedcond run key=value ...")
     run_parser.add_argument("settings", nargs="*", help="run-config overrides, e.g. method=fedavg num-clusters=5")
     run_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
-    run_parser.add_argument("--cpus-per-client", type=int, default=1, help="Ray CPUs per virtual client (default 1)")
-    run_parser.add_argument(
-        "--gpus-per-client",
-        type=float,
-        default=None,
-        help="GPU share per virtual client (0.25 with CUDA, else 0)",
-    )
+    add_resource_flags(run_parser)
+    add_experiment_commands(commands)
     commands.add_parser("list", help="list methods, datasets and scenarios")
     arguments = parser.parse_args(argv)
     try:
         if arguments.command == "list":
             return list_choices()
+        if arguments.command in ("compare", "sweep"):
+            return compare(arguments) if arguments.command == "compare" else sweep(arguments)
+        if arguments.command == "report":
+            return report(Path(arguments.out))
         return run(arguments.settings, arguments.cpus_per_client, arguments.gpus_per_client, arguments.config)
     except FedcondError as error:
         print(f"fedcond: error: {error}", file=sys.stderr)

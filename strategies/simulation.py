@@ -6,6 +6,9 @@ tests use; ``fedcond run`` goes through ``flwr run`` instead. Ray binds to 127.0
 
 from __future__ import annotations
 
+import logging
+
+from flwr.common.logger import FLOWER_LOGGER
 from flwr.simulation import run_simulation
 
 from clients.app import make_client_app
@@ -26,11 +29,22 @@ def simulate(
     num_supernodes: int | None = None,
     cpus_per_client: float = 1.0,
     gpus_per_client: float = 0.0,
+    quiet: bool = False,
 ) -> None:
-    """Run ``config`` to the end (its results folder records whether it finished or failed)."""
-    run_simulation(
-        server_app=make_server_app(config),
-        client_app=make_client_app(config),
-        num_supernodes=num_supernodes or config.num_clients,
-        backend_config=backend_config(cpus_per_client, gpus_per_client),  # type: ignore[arg-type]
-    )
+    """Run ``config`` to the end (its results folder records whether it finished or failed).
+
+    ``quiet`` keeps Flower's INFO and WARNING lines off the terminal (errors still show),
+    for callers that report progress themselves.
+    """
+    level = FLOWER_LOGGER.level
+    if quiet:
+        FLOWER_LOGGER.setLevel(logging.ERROR)
+    try:
+        run_simulation(
+            server_app=make_server_app(config),
+            client_app=make_client_app(config),
+            num_supernodes=num_supernodes or config.num_clients,
+            backend_config=backend_config(cpus_per_client, gpus_per_client),  # type: ignore[arg-type]
+        )
+    finally:
+        FLOWER_LOGGER.setLevel(level)

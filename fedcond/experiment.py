@@ -1,0 +1,424 @@
+"""Experiments: a grid of runs (settings x methods x seeds), run one by one, resumable, collected tidy.
+
+An experiment is fixed run-config ``settings`` plus grid ``axes``; every combination of axis values
+is one run. ``fedcond compare`` is the special case whose only axes are ``method`` and ``seed``;
+``fedcond sweep`` reads the axes (and the tables to render) from a TOML grid file. Each run gets
+its own folder under ``OUT/runs/`` (``history.csv`` + ``run.json``), named from its axis values, so
+rerunning the same command skips every run whose folder says ``finished``.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import re
+import shutil
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.history import run_status
+
+# Every tidy row names the scenario it came from, so results of several experiments concatenate.
+SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
+RUN_COLUMNS = ("method", "seed")
+METRIC_COLUMNS = (
+    "round", "accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari", "train_loss", "elapsed_seconds",
+)  # fmt: skip
+# Written when a run's history has them (added by later features); never required.
+OPTIONAL_METRIC_COLUMNS = ("heldout_accuracy",)
+# Settings that say where a run lives or how chatty it is, not what it computes.
+PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir")
+EXPERIMENT_FILE = "experiment.json"
+METRICS_FILE = "metrics.csv"
+
+Runner = Callable[[RunConfig], None]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table in the paper's layout: ``rows`` down, ``columns`` across, ``groups`` side by side."""
+
+    columns: tuple[str, ...] = ()
+    groups: str | None = None
+    rows: str = "method"
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of an experiment: its folder name, its settings and its value on every axis."""
+
+    name: str
+    config: RunConfig
+    labels: dict[str, str]
+
+
+@dataclass
+class Experiment:
+    """Fixed settings, grid axes (kebab-case run-config keys, or bundles of them) and tables."""
+
+    settings: dict[str, Any]
+    axes: dict[str, list[Any]]
+    tables: list[TableSpec] = field(default_factory=list)
+    title: str = ""
+    kind: str = "sweep"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "title": self.title,
+            "settings": self.settings,
+            "axes": self.axes,
+            "tables": [table.__dict__ for table in self.tables],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Experiment:
+        tables = [TableSpec(**{**table, "columns": tuple(table["columns"])}) for table in data.get("tables", [])]
+        return cls(dict(data["settings"]), dict(data["axes"]), tables, data.get("title", ""), data.get("kind", "sweep"))
+
+    @property
+    def setting_axes(self) -> list[str]:
+        """The settings a tidy row names: the standard ones, then any other axis of this grid."""
+        extra = [axis for axis in self.axes if axis not in (*SETTING_COLUMNS, *RUN_COLUMNS)]
+        return [*SETTING_COLUMNS, *extra]
+
+
+def column_name(axis: str) -> str:
+    """The tidy file's column for a run-config key or grid axis (snake_case, like history.csv)."""
+    return axis.replace("-", "_")
+
+
+def expand_methods(values: Sequence[Any] | str) -> list[str]:
+    """``all`` (or a list holding it) is every registered method, in the registry's order."""
+    from fedcond.methods import get_method, registry
+
+    names = [values] if isinstance(values, str) else [str(value) for value in values]
+    if "all" in names:
+        return list(registry())
+    for name in names:
+        get_method(name)  # unknown names stop here with the list of known ones
+    return names
+
+
+def parse_list(text: str, what: str) -> list[str]:
+    """``a,b,c`` into its non-empty parts; an empty list is an error naming ``what``."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise FedcondError(f"{what} is empty; give a comma-separated list")
+    return parts
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        return [int(part) for part in parse_list(text, "--seeds")]
+    except ValueError:
+        raise FedcondError(f"--seeds takes comma-separated integers like 0,1,2 (got '{text}')") from None
+
+
+def read_grid_file(path: Path, profile: str | None = None) -> Experiment:
+    """A grid file: ``title``, ``[settings]``, ``[grid]``, ``[[table]]`` and ``[profiles.NAME]``.
+
+    A profile's keys replace grid axes of the same name, or else fixed settings.
+    """
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise FedcondError(f"no grid file {path}; see experiments/README.md for the ones that exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise FedcondError(f"{path} is not valid TOML ({error}); fix the file") from None
+    unknown = set(data) - {"title", "paper", "settings", "grid", "table", "profiles"}
+    if unknown:
+        raise FedcondError(f"{path}: unknown sections {sorted(unknown)}; use settings, grid, table, profiles")
+    settings = dict(data.get("settings", {}))
+    axes = {key: value if isinstance(value, list) else [value] for key, value in data.get("grid", {}).items()}
+    profiles = data.get("profiles", {})
+    if profile is not None:
+        if profile not in profiles:
+            choices = ", ".join(profiles) or "none"
+            raise FedcondError(f"{path} has no profile '{profile}' (profiles: {choices})")
+        for key, value in profiles[profile].items():
+            if key in axes:
+                axes[key] = value if isinstance(value, list) else [value]
+            else:
+                settings[key] = value
+    tables = []
+    for table in data.get("table", []):
+        columns = table.get("columns", [])
+        tables.append(
+            TableSpec(
+                columns=tuple([columns] if isinstance(columns, str) else columns),
+                groups=table.get("groups"),
+                rows=table.get("rows", "method"),
+                title=table.get("title", ""),
+            )
+        )
+    title = str(data.get("title", path.stem)) + (f" (profile {profile})" if profile else "")
+    experiment = Experiment(settings, axes, tables, title, "sweep")
+    check_experiment(experiment)
+    return experiment
+
+
+def check_experiment(experiment: Experiment) -> None:
+    """Axes must be non-empty and tables must name axes; methods are checked against the registry."""
+    for axis, values in experiment.axes.items():
+        if not values:
+            raise FedcondError(f"grid axis '{axis}' has no values; give at least one")
+    if "method" in experiment.axes:
+        experiment.axes["method"] = expand_methods(experiment.axes["method"])
+    for table in experiment.tables:
+        for axis in (*table.columns, *([table.groups] if table.groups else []), table.rows):
+            if axis not in experiment.axes:
+                raise FedcondError(f"table axis '{axis}' is not a grid axis; grid axes: {', '.join(experiment.axes)}")
+
+
+def axis_label(value: Any) -> str:
+    """How an axis value shows in names and tables (a bundle shows its ``label``)."""
+    if isinstance(value, Mapping):
+        return str(value.get("label") or ",".join(f"{k}={v}" for k, v in value.items()))
+    return str(value)
+
+
+def _settings_of(axis: str, value: Any) -> dict[str, Any]:
+    """A plain axis sets its own key; a bundle (an inline table) sets several keys together."""
+    if isinstance(value, Mapping):
+        return {key: item for key, item in value.items() if key != "label"}
+    return {axis: value}
+
+
+def _folder_name(labels: Mapping[str, str]) -> str:
+    text = "_".join(f"{axis}-{value}" for axis, value in labels.items()) or "run"
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text)
+
+
+def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> list[PlannedRun]:
+    """Every combination of axis values as a validated run (no data is loaded here)."""
+    from fedcond.scenarios import validate_without_data
+
+    planned = []
+    axes = list(experiment.axes.items())
+    for combination in itertools.product(*(values for _, values in axes)):
+        values = {**base, **experiment.settings}
+        labels = {}
+        for (axis, _), value in zip(axes, combination, strict=True):
+            values.update(_settings_of(axis, value))
+            labels[axis] = axis_label(value)
+        name = _folder_name(labels)
+        values.update({"results-dir": str(runs_dir), "run-name": name, "verbose": False})
+        config = RunConfig.from_mapping(values)
+        validate_without_data(config)
+        planned.append(PlannedRun(name, config, labels))
+    names = [run.name for run in planned]
+    if len(set(names)) != len(names):
+        raise FedcondError("two grid points get the same folder name; give bundles distinct 'label' values")
+    return planned
+
+
+def comparable_config(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in mapping.items() if key not in PLACEMENT_KEYS}
+
+
+def finished_before(run: PlannedRun, runs_dir: Path) -> bool:
+    """True when this run's folder holds a finished run of exactly these settings.
+
+    A folder of a run that was interrupted or failed is removed, so the run starts afresh; a
+    finished run of *different* settings is an error rather than something to mix in silently.
+    """
+    folder = runs_dir / run.name
+    if not folder.exists():
+        return False
+    status = run_status(folder)
+    if status == "finished":
+        recorded = json.loads((folder / "run.json").read_text())["config"]
+        wanted = comparable_config(run.config.resolved().to_mapping())
+        differing = sorted(key for key, value in wanted.items() if recorded.get(key) != value)
+        if differing:
+            raise FedcondError(
+                f"{folder} holds a finished run with other settings ({', '.join(differing)}); "
+                "use another --out folder, or delete that run folder to redo it"
+            )
+        return True
+    shutil.rmtree(folder)
+    return False
+
+
+class Progress:
+    """Prints which run and which round is going, with the estimated time left, by watching
+    the run's ``history.csv`` grow (the run itself stays unaware of being watched)."""
+
+    def __init__(self, pending: Sequence[PlannedRun], stream: TextIO, interval: float = 1.0) -> None:
+        self.total_rounds = sum(run.config.num_server_rounds for run in pending)
+        self.rounds_done = 0
+        self.seconds_spent = 0.0
+        self.stream = stream
+        self.interval = interval
+
+    def eta(self, rounds_done: int, seconds: float) -> str:
+        if rounds_done == 0:
+            return "estimating time left"
+        left = (self.total_rounds - rounds_done) * seconds / rounds_done
+        return f"about {format_duration(left)} left"
+
+    def watch(self, run: PlannedRun, folder: Path, position: str, work: Callable[[], None]) -> None:
+        """Run ``work`` while printing a line for every new round of ``run``."""
+        stop = threading.Event()
+        started = time.monotonic()
+        rounds = run.config.num_server_rounds
+
+        def report() -> None:
+            seen = 0
+            while not stop.wait(self.interval):
+                rows = read_history(folder / "history.csv")
+                for row in rows[seen:]:
+                    done = self.rounds_done + int(row["round"])
+                    spent = self.seconds_spent + time.monotonic() - started
+                    print(
+                        f"  {position} {run.name}: round {row['round']}/{rounds} accuracy "
+                        f"{float(row['accuracy']):.4f} | {self.eta(done, spent)}",
+                        file=self.stream,
+                        flush=True,
+                    )
+                seen = max(seen, len(rows))
+
+        watcher = threading.Thread(target=report, daemon=True)
+        watcher.start()
+        try:
+            work()
+        finally:
+            stop.set()
+            watcher.join()
+            self.rounds_done += rounds
+            self.seconds_spent += time.monotonic() - started
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def read_history(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as handle:
+            return list(csv.DictReader(handle))
+    except FileNotFoundError:
+        return []
+
+
+def check_data(planned: Sequence[PlannedRun]) -> None:
+    """Load and split each distinct scenario once, so missing files or tiny clients stop us early."""
+    from fedcond.scenarios import scenario_for
+
+    for run in planned:
+        scenario_for(run.config)
+
+
+def run_experiment(
+    experiment: Experiment, base: Mapping[str, Any], out: Path, runner: Runner, stream: TextIO
+) -> list[PlannedRun]:
+    """Run every unfinished grid point in order; returns the plan. Failures are recorded, not fatal."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs_dir = (out / "runs").resolve()
+    planned = plan(experiment, base, runs_dir)
+    record_experiment(experiment, out)
+    pending = [run for run in planned if not finished_before(run, runs_dir)]
+    skipped = len(planned) - len(pending)
+    print(
+        f"fedcond: {len(planned)} runs in {out}: {skipped} finished before, {len(pending)} to run",
+        file=stream,
+        flush=True,
+    )
+    check_data(pending)
+    progress = Progress(pending, stream)
+    for index, run in enumerate(pending, start=1):
+        position = f"[{index}/{len(pending)}]"
+        print(f"fedcond: {position} {run.name} ({run.config.num_clients} clients)", file=stream, flush=True)
+        progress.watch(run, runs_dir / run.name, position, lambda run=run: runner(run.config))
+        status = run_status(runs_dir / run.name)
+        if status != "finished":
+            print(f"fedcond: {position} {run.name} did not finish ({status})", file=stream, flush=True)
+    return planned
+
+
+def record_experiment(experiment: Experiment, out: Path) -> None:
+    """Keep the experiment's definition beside its results (``fedcond report`` redraws from it).
+
+    A folder holding an experiment with other fixed settings is refused (its tidy file would mix two
+    designs); the same settings with more axis values (methods, seeds, K...) extend it.
+    """
+    path = out / EXPERIMENT_FILE
+    data = experiment.to_json()
+    if path.exists():
+        existing = json.loads(path.read_text())
+        before, now = existing.get("settings", {}), data["settings"]
+        differing = sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
+        if differing or existing.get("kind") != data["kind"]:
+            changed = ", ".join(differing) or f"a {existing.get('kind')}, not a {data['kind']}"
+            raise FedcondError(
+                f"{out} holds another experiment (changed: {changed}); choose another --out, "
+                "or widen only the methods and seeds to extend it"
+            )
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def load_experiment(out: Path) -> Experiment:
+    try:
+        return Experiment.from_json(json.loads((out / EXPERIMENT_FILE).read_text()))
+    except FileNotFoundError:
+        raise FedcondError(f"{out} holds no {EXPERIMENT_FILE}; point at a compare or sweep --out folder") from None
+
+
+def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
+    """One row per (grid point, round) of every finished run under ``out/runs``."""
+    runs_dir = (out / "runs").resolve()
+    for run in plan(experiment, {}, runs_dir):
+        folder = runs_dir / run.name
+        if run_status(folder) != "finished":
+            continue
+        config = json.loads((folder / "run.json").read_text())["config"]
+        for row in read_history(folder / "history.csv"):
+            tidy: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
+            tidy.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
+            tidy.update({"method": config["method"], "seed": config["seed"]})
+            tidy.update({column: row.get(column, "") for column in METRIC_COLUMNS})
+            tidy.update({column: row[column] for column in OPTIONAL_METRIC_COLUMNS if column in row})
+            yield tidy
+
+
+def write_metrics(experiment: Experiment, out: Path) -> Path:
+    """``metrics.csv``: tidy, one row per (settings, method, seed, round)."""
+    rows = list(tidy_rows(experiment, out))
+    optional = [column for column in OPTIONAL_METRIC_COLUMNS if any(column in row for row in rows)]
+    columns = [*map(column_name, experiment.setting_axes), *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
+    path = out / METRICS_FILE
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def failed_runs(experiment: Experiment, out: Path) -> list[tuple[str, str]]:
+    """(run, status) of every grid point that has not finished."""
+    runs_dir = (out / "runs").resolve()
+    statuses = ((run.name, run_status(runs_dir / run.name)) for run in plan(experiment, {}, runs_dir))
+    return [(name, status) for name, status in statuses if status != "finished"]
+
+
+def as_float(text: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan

@@ -1,0 +1,351 @@
+"""Reports from a tidy ``metrics.csv``: a ranked summary, paper-layout tables and their figures.
+
+Everything here reads only the tidy rows, so a table or a plot can be redrawn from any results file
+(``fedcond report OUT``) without rerunning anything.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedcond.experiment import METRIC_COLUMNS, OPTIONAL_METRIC_COLUMNS, TableSpec, as_float, column_name
+
+Row = dict[str, str]
+METRIC_NAMES = frozenset((*METRIC_COLUMNS, *OPTIONAL_METRIC_COLUMNS))
+# The paper's names for the axes its tables sweep.
+SHORT_NAMES = {"num-clusters": "K", "clients-per-cluster": "clients/cluster"}
+
+
+def read_metrics(path: Path) -> list[Row]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def confidence_half_width(values: Sequence[float], level: float = 0.95) -> float:
+    """Half-width of the Student-t confidence interval of the mean; NaN for a single value."""
+    if len(values) < 2:
+        return math.nan
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + level / 2, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
+
+
+@dataclass(frozen=True)
+class MethodSummary:
+    """One method over its seeds: final accuracy, best round, time and traffic."""
+
+    method: str
+    seeds: int
+    final_mean: float
+    final_half_width: float
+    best_round: int
+    best_accuracy: float
+    rounds: int
+    wall_seconds: float
+    megabytes_down: float
+    megabytes_up: float
+    final_ari: float
+    final_heldout: float
+
+
+def _runs(rows: Iterable[Row]) -> dict[tuple[str, str], list[Row]]:
+    """Rows of each (method, seed), in round order."""
+    runs: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        runs[(row["method"], row["seed"])].append(row)
+    for history in runs.values():
+        history.sort(key=lambda row: int(row["round"]))
+    return runs
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = [value for value in values if math.isfinite(value)]
+    return float(np.mean(values)) if values else math.nan
+
+
+def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
+    """Per method (rows of one scenario), ranked by mean final accuracy, best first."""
+    by_method: dict[str, list[list[Row]]] = defaultdict(list)
+    for (method, _), history in _runs(rows).items():
+        by_method[method].append(history)
+    summaries = []
+    for method, histories in by_method.items():
+        finals = [as_float(history[-1]["accuracy"]) for history in histories]
+        rounds = min(len(history) for history in histories)
+        # The best round of the mean curve: what a user stopping at the right moment would get.
+        curve = [_mean(as_float(history[r]["accuracy"]) for history in histories) for r in range(rounds)]
+        best = int(np.nanargmax(curve)) if rounds else 0
+        summaries.append(
+            MethodSummary(
+                method=method,
+                seeds=len(histories),
+                final_mean=_mean(finals),
+                final_half_width=confidence_half_width(finals),
+                best_round=best + 1,
+                best_accuracy=curve[best] if rounds else math.nan,
+                rounds=rounds,
+                wall_seconds=_mean(as_float(history[-1]["elapsed_seconds"]) for history in histories),
+                megabytes_down=_mean(sum(as_float(r["bytes_down"]) for r in history) / 1e6 for history in histories),
+                megabytes_up=_mean(sum(as_float(r["bytes_up"]) for r in history) / 1e6 for history in histories),
+                final_ari=_mean(as_float(history[-1].get("ari", "")) for history in histories),
+                final_heldout=_mean(as_float(history[-1].get("heldout_accuracy", "")) for history in histories),
+            )
+        )
+    return sorted(summaries, key=lambda s: -s.final_mean if math.isfinite(s.final_mean) else math.inf)
+
+
+def format_accuracy(mean: float, half_width: float = math.nan) -> str:
+    if not math.isfinite(mean):
+        return "n/a"
+    return f"{mean:.3f} ± {half_width:.3f}" if math.isfinite(half_width) else f"{mean:.3f}"
+
+
+def summary_table(summaries: Sequence[MethodSummary]) -> str:
+    """Markdown: one ranked row per method."""
+    with_ari = any(math.isfinite(s.final_ari) for s in summaries)
+    with_heldout = any(math.isfinite(s.final_heldout) for s in summaries)
+    header = ["rank", "method", "seeds", "final accuracy", "best (round)", "wall s", "MB down", "MB up"]
+    header += ["ARI"] * with_ari + ["held-out accuracy"] * with_heldout
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for rank, s in enumerate(summaries, start=1):
+        cells = [
+            str(rank),
+            s.method,
+            str(s.seeds),
+            format_accuracy(s.final_mean, s.final_half_width),
+            f"{s.best_accuracy:.3f} (r{s.best_round})",
+            f"{s.wall_seconds:.0f}",
+            f"{s.megabytes_down:.1f}",
+            f"{s.megabytes_up:.1f}",
+        ]
+        cells += [format_accuracy(s.final_ari)] * with_ari + [format_accuracy(s.final_heldout)] * with_heldout
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def scenario_line(rows: Sequence[Row]) -> str:
+    first = rows[0]
+    return (
+        f"{first['dataset']}, {first['scenario']}, K={first['num_clusters']} x {first['clients_per_cluster']} "
+        f"clients, data-fraction {first['data_fraction']}"
+        + (f", rotations {first['rotations']}" if first.get("rotations") else "")
+    )
+
+
+def summary_markdown(rows: Sequence[Row], title: str, failures: Sequence[tuple[str, str]] = ()) -> str:
+    """``summary.md`` of a comparison: the ranked table, what it was run on, and any failed runs."""
+    parts = [f"# {title}", ""]
+    if rows:
+        seeds = sorted({row["seed"] for row in rows}, key=int)
+        parts += [
+            f"{scenario_line(rows)}; seeds {', '.join(seeds)}. Final accuracy is the mean over seeds of the",
+            "last round's sample-weighted accuracy of every client on its own test data, ± the 95% Student-t",
+            "confidence half-width when there are several seeds. Wall time is per run; traffic sums all rounds.",
+            "",
+            summary_table(summarise(rows)),
+        ]
+    else:
+        parts.append("No run has finished yet.")
+    if failures:
+        parts += ["", "Runs that did not finish:", ""] + [f"- `{name}`: {status}" for name, status in failures]
+    return "\n".join(parts) + "\n"
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
+    """Accuracy vs round, one line per method (mean over seeds), shaded min-max band across seeds."""
+    plt = _figure()
+    figure, axes = plt.subplots(figsize=(8, 5))
+    by_method: dict[str, list[list[Row]]] = defaultdict(list)
+    for (method, _), history in _runs(rows).items():
+        by_method[method].append(history)
+    for method in [s.method for s in summarise(rows)]:
+        histories = by_method[method]
+        rounds = min(len(history) for history in histories)
+        matrix = np.array([[as_float(history[r]["accuracy"]) for r in range(rounds)] for history in histories])
+        x = np.arange(1, rounds + 1)
+        (line,) = axes.plot(x, matrix.mean(axis=0), marker="o", markersize=3, label=method)
+        if len(histories) > 1:
+            axes.fill_between(x, matrix.min(axis=0), matrix.max(axis=0), color=line.get_color(), alpha=0.2)
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("federated round")
+    axes.set_ylabel("mean client test accuracy")
+    axes.set_ylim(0, 1)
+    axes.grid(alpha=0.3)
+    axes.set_title(title)
+    axes.legend(title="method (best final first)", loc="lower right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def _final_accuracies(rows: Sequence[Row], keys: Sequence[str]) -> dict[tuple[str, ...], list[float]]:
+    """Final-round accuracy of every run, grouped by the values of ``keys`` (pooling seeds and any
+    axis that ``keys`` leave out)."""
+    finals: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    last: dict[tuple[str, ...], Row] = {}
+    for row in rows:
+        # A run is identified by every non-metric column, so axes a table does not show stay apart.
+        run = tuple(value for column, value in row.items() if column not in METRIC_NAMES)
+        if run not in last or int(row["round"]) > int(last[run]["round"]):
+            last[run] = row
+    for row in last.values():
+        finals[tuple(row[key] for key in keys)].append(as_float(row["accuracy"]))
+    return finals
+
+
+def _ordered(values: Iterable[str]) -> list[str]:
+    """Axis values in natural order: numbers numerically, the rest as first seen."""
+    unique = list(dict.fromkeys(values))
+    try:
+        return sorted(unique, key=lambda v: tuple(map(float, v)) if isinstance(v, tuple) else float(v))
+    except ValueError:
+        return unique
+
+
+def _as_columns(spec: TableSpec) -> TableSpec:
+    """The spec with its axes (run-config keys) renamed to the tidy file's columns."""
+    return TableSpec(
+        columns=tuple(map(column_name, spec.columns)),
+        groups=column_name(spec.groups) if spec.groups else None,
+        rows=column_name(spec.rows),
+        title=spec.title,
+    )
+
+
+def paper_table(rows: Sequence[Row], spec: TableSpec) -> str:
+    """Markdown in the paper's layout: methods down, column-axis values across, groups side by side.
+
+    Each cell is the mean final accuracy over seeds (± 95% CI half-width with several seeds); the
+    best cell of each column is bold.
+    """
+    names = [SHORT_NAMES.get(axis, axis) for axis in spec.columns]
+    spec = _as_columns(spec)
+    groups = _ordered(row[spec.groups] for row in rows) if spec.groups else [""]
+    column_values = _ordered(tuple(row[c] for c in spec.columns) for row in rows) if spec.columns else [()]
+    keys = [spec.rows, *([spec.groups] if spec.groups else []), *spec.columns]
+    finals = _final_accuracies(rows, keys)
+    methods = _ordered(row[spec.rows] for row in rows)
+    headers, cells_by_column = [], []
+    for group in groups:
+        for values in column_values:
+            label = ", ".join(f"{name}={v}" for name, v in zip(names, values, strict=True))
+            headers.append(" ".join(part for part in (group, label) if part) or "final accuracy")
+            column = []
+            for method in methods:
+                key = (method, *([group] if spec.groups else []), *values)
+                column.append(finals.get(key, []))
+            cells_by_column.append(column)
+    lines = ["| " + spec.rows + " | " + " | ".join(headers) + " |", "|---|" + "---|" * len(headers)]
+    means = [[_mean(values) for values in column] for column in cells_by_column]
+    for index, method in enumerate(methods):
+        cells = []
+        for column, column_means in zip(cells_by_column, means, strict=True):
+            values = column[index]
+            if not values:
+                cells.append("—")
+                continue
+            text = format_accuracy(_mean(values), confidence_half_width(values))
+            best = max((m for m in column_means if math.isfinite(m)), default=math.nan)
+            cells.append(f"**{text}**" if math.isfinite(best) and column_means[index] == best else text)
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table_figure(rows: Sequence[Row], spec: TableSpec, path: Path, title: str) -> Path:
+    """The table as a figure: final accuracy vs the column axis, one line per method, one panel per group."""
+    plt = _figure()
+    names = [SHORT_NAMES.get(axis, axis) for axis in spec.columns]
+    spec = _as_columns(spec)
+    groups = _ordered(row[spec.groups] for row in rows) if spec.groups else [""]
+    column_values = _ordered(tuple(row[c] for c in spec.columns) for row in rows) if spec.columns else [()]
+    keys = [spec.rows, *([spec.groups] if spec.groups else []), *spec.columns]
+    finals = _final_accuracies(rows, keys)
+    methods = _ordered(row[spec.rows] for row in rows)
+    figure, panels = plt.subplots(1, len(groups), figsize=(5 * len(groups) + 1, 4.5), squeeze=False, sharey=True)
+    x = np.arange(len(column_values))
+    for panel, group in zip(panels[0], groups, strict=True):
+        for method in methods:
+            values = [finals.get((method, *([group] if spec.groups else []), *v), []) for v in column_values]
+            means = [_mean(v) for v in values]
+            spread = [confidence_half_width(v) if len(v) > 1 else 0.0 for v in values]
+            panel.errorbar(x, means, yerr=spread, marker="o", capsize=3, label=method)
+        panel.set_xticks(x, [", ".join(v) for v in column_values] if spec.columns else [""])
+        panel.set_xlabel(", ".join(names))
+        panel.set_title(group or title)
+        panel.set_ylim(0, 1)
+        panel.grid(alpha=0.3)
+    panels[0][0].set_ylabel("final mean client test accuracy")
+    panels[0][-1].legend(loc="lower left", fontsize="small")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def tables_markdown(rows: Sequence[Row], specs: Sequence[TableSpec], title: str, out: Path) -> str:
+    """``tables.md`` with every table of a sweep, each followed by its figure (``table-N.png``)."""
+    parts = [f"# {title}", ""]
+    if rows:
+        parts += [
+            "Cells: final-round mean client test accuracy, mean over seeds (± 95% Student-t half-width with",
+            "several seeds); bold marks the best method of each column.",
+        ]
+    for number, spec in enumerate(specs, start=1):
+        figure = table_figure(rows, spec, out / f"table-{number}.png", spec.title or title) if rows else None
+        parts += ["", f"## {spec.title or f'Table {number}'}", "", paper_table(rows, spec) if rows else "(no runs)"]
+        if figure:
+            parts += ["", f"![{spec.title or f'Table {number}'}]({figure.name})"]
+    return "\n".join(parts) + "\n"
+
+
+def scenario_groups(rows: Sequence[Row], setting_columns: Sequence[str]) -> dict[tuple[str, ...], list[Row]]:
+    """Rows of each distinct scenario point (everything but method and seed), in first-seen order."""
+    groups: dict[tuple[str, ...], list[Row]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[column] for column in setting_columns), []).append(row)
+    return groups
+
+
+def render(out: Path, title: str, kind: str, specs: Sequence[TableSpec], setting_columns: Sequence[str],
+           failures: Sequence[tuple[str, str]]) -> str:  # fmt: skip
+    """Write the reports of a results folder from its ``metrics.csv``; returns what to print.
+
+    A comparison gets ``summary.md`` and ``convergence.png``; a sweep gets ``tables.md`` with one
+    figure per table, and ``summary.md`` with a ranked table per scenario point.
+    """
+    rows = read_metrics(out / "metrics.csv")
+    if kind == "compare":
+        (out / "summary.md").write_text(summary_markdown(rows, title, failures))
+        if rows:
+            convergence_plot(rows, out / "convergence.png", f"{title}: {scenario_line(rows)}")
+        return summary_table(summarise(rows)) if rows else "no run finished"
+    sections = [f"# {title}: every scenario point", ""]
+    for point_rows in scenario_groups(rows, setting_columns).values():
+        labels = ", ".join(f"{c}={point_rows[0][c]}" for c in setting_columns if point_rows[0][c] != "")
+        sections += [f"## {labels}", "", summary_table(summarise(point_rows)), ""]
+    if failures:
+        sections += ["Runs that did not finish:", ""] + [f"- `{name}`: {status}" for name, status in failures]
+    (out / "summary.md").write_text("\n".join(sections) + "\n")
+    tables = tables_markdown(rows, specs, title, out)
+    (out / "tables.md").write_text(tables)
+    return tables

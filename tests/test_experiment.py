@@ -1,0 +1,241 @@
+"""fedcond compare / sweep: the tidy schema, resuming, the reports, the grid files, one real compare."""
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fedcond.cli import default_config, main
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.experiment import (
+    METRIC_COLUMNS,
+    Experiment,
+    TableSpec,
+    plan,
+    read_grid_file,
+    run_experiment,
+    write_metrics,
+)
+from fedcond.history import RoundRecord, RunRecorder, results_folder
+from fedcond.report import confidence_half_width, paper_table, render, summarise
+
+GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments" / "grids").glob("*.toml"))
+
+
+class FakeRunner:
+    """Writes a run's folder as the ServerApp would, with accuracy a known function of the settings."""
+
+    def __init__(self, fail_method: str | None = None) -> None:
+        self.calls: list[RunConfig] = []
+        self.fail_method = fail_method
+
+    def accuracy(self, config: RunConfig, round_number: int) -> float:
+        bonus = {"oracle": 0.3, "conditional": 0.2, "fedavg": 0.0}.get(config.method, 0.1)
+        return min(1.0, 0.1 * round_number + bonus + 0.01 * config.seed + 0.01 * config.num_clusters)
+
+    def __call__(self, config: RunConfig) -> None:
+        self.calls.append(config)
+        recorder = RunRecorder(results_folder(config), config.resolved(), {}, config.num_clusters)
+        if config.method == self.fail_method:
+            recorder.fail("loss became NaN in round 1; lower learning-rate")
+            return
+        for number in range(1, config.num_server_rounds + 1):
+            accuracy = self.accuracy(config, number)
+            record = RoundRecord(number, accuracy, 1.0 / number, 1.0, 1.5, 1.5 * number, 1000, 500)
+            recorder.add(record)
+        recorder.finish()
+
+
+def small_experiment(**axes) -> Experiment:
+    settings = {"num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 3}
+    return Experiment(settings, {"method": ["fedavg", "conditional"], "seed": [0, 1], **axes}, kind="compare")
+
+
+def test_metrics_csv_is_tidy_one_row_per_method_seed_round(tmp_path):
+    runner = FakeRunner()
+    run_experiment(small_experiment(), default_config(), tmp_path, runner, io.StringIO())
+    with write_metrics(small_experiment(), tmp_path).open() as handle:
+        reader = csv.DictReader(handle)
+        rows = list(reader)
+    assert reader.fieldnames[:8] == [
+        "dataset", "scenario", "num_clusters", "clients_per_cluster", "data_fraction", "rotations", "method", "seed",
+    ]  # fmt: skip
+    assert list(METRIC_COLUMNS) == reader.fieldnames[8:]
+    for column in ("accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari"):
+        assert column in reader.fieldnames
+    assert len(rows) == 2 * 2 * 3
+    assert {(r["method"], r["seed"], r["round"]) for r in rows} == {
+        (m, s, r) for m in ("fedavg", "conditional") for s in ("0", "1") for r in ("1", "2", "3")
+    }
+    conditional = [r for r in rows if r["method"] == "conditional" and r["seed"] == "1" and r["round"] == "3"]
+    assert float(conditional[0]["accuracy"]) == pytest.approx(0.1 * 3 + 0.2 + 0.01 + 0.02)
+    assert conditional[0]["dataset"] == "digits" and conditional[0]["num_clusters"] == "2"
+
+
+def test_rerun_skips_finished_runs_and_redoes_interrupted_ones(tmp_path):
+    first = FakeRunner()
+    run_experiment(small_experiment(), default_config(), tmp_path, first, io.StringIO())
+    assert len(first.calls) == 4
+    # An interrupted run leaves run.json saying "running": it must be redone from scratch.
+    info_path = tmp_path / "runs" / "method-fedavg_seed-1" / "run.json"
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "status": "running"}))
+    second = FakeRunner()
+    stream = io.StringIO()
+    run_experiment(small_experiment(), default_config(), tmp_path, second, stream)
+    assert [(c.method, c.seed) for c in second.calls] == [("fedavg", 1)]
+    assert "3 finished before, 1 to run" in stream.getvalue()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(
+        f"method-{m}_seed-{s}" for m in ("fedavg", "conditional") for s in (0, 1)
+    )
+    # Widening the grid (a third seed) runs only the new points.
+    third = FakeRunner()
+    wider = small_experiment()
+    wider.axes["seed"] = [0, 1, 2]
+    run_experiment(wider, default_config(), tmp_path, third, io.StringIO())
+    assert sorted((c.method, c.seed) for c in third.calls) == [("conditional", 2), ("fedavg", 2)]
+
+
+def test_a_different_design_in_the_same_folder_is_refused(tmp_path):
+    run_experiment(small_experiment(), default_config(), tmp_path, FakeRunner(), io.StringIO())
+    changed = small_experiment()
+    changed.settings["num-server-rounds"] = 5
+    with pytest.raises(FedcondError, match="num-server-rounds"):
+        run_experiment(changed, default_config(), tmp_path, FakeRunner(), io.StringIO())
+
+
+def test_progress_names_the_run_the_round_and_the_time_left(tmp_path):
+    stream = io.StringIO()
+    run_experiment(small_experiment(), default_config(), tmp_path, SlowRunner(), stream)
+    text = stream.getvalue()
+    assert "[1/4] method-fedavg_seed-0" in text
+    assert "round 3/3 accuracy" in text and "left" in text
+
+
+class SlowRunner(FakeRunner):
+    """Gives the progress watcher time to see the rounds appear."""
+
+    def __call__(self, config: RunConfig) -> None:
+        import time
+
+        super().__call__(config)
+        time.sleep(1.2)
+
+
+def test_failed_runs_are_reported_and_make_the_command_fail(tmp_path):
+    runner = FakeRunner(fail_method="conditional")
+    experiment = small_experiment()
+    run_experiment(experiment, default_config(), tmp_path, runner, io.StringIO())
+    write_metrics(experiment, tmp_path)
+    from fedcond.experiment import failed_runs
+
+    failures = failed_runs(experiment, tmp_path)
+    assert [name for name, _ in failures] == ["method-conditional_seed-0", "method-conditional_seed-1"]
+    render(tmp_path, "t", "compare", [], ["dataset"], failures)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "did not finish" in summary and "NaN" in summary
+
+
+def synthetic_rows() -> list[dict[str, str]]:
+    rows = []
+    finals = {("fedavg", "2"): [0.50, 0.54], ("oracle", "2"): [0.90, 0.94], ("fedavg", "5"): [0.30, 0.32]}
+    finals[("oracle", "5")] = [0.95, 0.97]
+    for (method, k), accuracies in finals.items():
+        for seed, final in enumerate(accuracies):
+            for number in (1, 2):
+                rows.append({
+                    "dataset": "mnist", "scenario": "label-shift", "num_clusters": k, "clients_per_cluster": "5",
+                    "data_fraction": "1.0", "rotations": "", "method": method, "seed": str(seed),
+                    "round": str(number), "accuracy": str(final if number == 2 else final / 2), "loss": "1",
+                    "seconds": "2", "bytes_down": "2000000", "bytes_up": "1000000", "ari": "nan",
+                    "train_loss": "1", "elapsed_seconds": str(2 * number),
+                })  # fmt: skip
+    return rows
+
+
+def test_summary_ranks_methods_with_confidence_intervals():
+    rows = [r for r in synthetic_rows() if r["num_clusters"] == "2"]
+    oracle, fedavg = summarise(rows)
+    assert (oracle.method, fedavg.method) == ("oracle", "fedavg")
+    assert oracle.final_mean == pytest.approx(0.92) and oracle.seeds == 2
+    # t(0.975, 1) = 12.706; std of {0.90, 0.94} = 0.02828; half-width = 12.706 * 0.02828 / sqrt(2).
+    assert oracle.final_half_width == pytest.approx(12.706 * 0.028284 / math.sqrt(2), rel=1e-3)
+    assert oracle.best_round == 2 and oracle.megabytes_down == pytest.approx(4.0)
+    assert math.isnan(confidence_half_width([0.5]))
+
+
+def test_paper_table_puts_methods_down_and_k_across_with_the_best_in_bold():
+    table = paper_table(synthetic_rows(), TableSpec(columns=("num-clusters",), groups="dataset"))
+    lines = table.splitlines()
+    assert lines[0] == "| method | mnist K=2 | mnist K=5 |"
+    assert lines[2].startswith("| fedavg | 0.520 ± ") and "**" not in lines[2]
+    assert lines[3].startswith("| oracle | **0.920 ± ") and lines[3].count("**") == 4
+
+
+def test_sweep_reports_and_figures_come_from_the_tidy_file(tmp_path):
+    rows = synthetic_rows()
+    with (tmp_path / "metrics.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    spec = TableSpec(columns=("num-clusters",), groups="dataset", title="E1")
+    render(tmp_path, "E1 quick", "sweep", [spec], ["dataset", "scenario", "num_clusters"], [])
+    tables = (tmp_path / "tables.md").read_text()
+    assert "## E1" in tables and "![E1](table-1.png)" in tables
+    assert (tmp_path / "table-1.png").stat().st_size > 10_000
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.count("| rank | method") == 2  # one ranked table per K
+    render(tmp_path, "compare", "compare", [], [], [])
+    assert (tmp_path / "convergence.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda path: path.stem)
+def test_every_grid_file_plans_at_full_size_and_has_a_quick_profile(grid):
+    full = plan(read_grid_file(grid), default_config(), Path("/nonexistent/runs"))
+    quick = plan(read_grid_file(grid, "quick"), default_config(), Path("/nonexistent/runs"))
+    assert 0 < len(quick) < len(full)
+    assert all(run.config.num_server_rounds == 20 and run.config.local_epochs == 1 for run in full)
+    assert all(run.config.data_fraction < 1 for run in quick)
+
+
+def test_grid_file_errors_are_one_line_and_name_the_fix(tmp_path):
+    with pytest.raises(FedcondError, match="no profile 'slow'"):
+        read_grid_file(GRIDS[0], "slow")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[grid]\nmethod = ["fedavg"]\n[[table]]\ncolumns = ["num-clusters"]\n')
+    with pytest.raises(FedcondError, match="table axis 'num-clusters' is not a grid axis"):
+        read_grid_file(bad)
+    bad.write_text('[grid]\nmethod = ["fedvg"]\n')
+    with pytest.raises(FedcondError, match="unknown method 'fedvg'"):
+        read_grid_file(bad)
+    with pytest.raises(FedcondError, match="no grid file"):
+        read_grid_file(tmp_path / "missing.toml")
+
+
+def test_bundled_axis_values_set_several_keys_and_label_the_run():
+    experiment = read_grid_file(next(g for g in GRIDS if g.stem == "e2b-rotation"), "quick")
+    runs = plan(experiment, default_config(), Path("/nonexistent/runs"))
+    c4 = [run for run in runs if run.labels["configuration"] == "C4"]
+    assert c4 and all(run.config.rotations == "C4" and run.config.num_clusters == 4 for run in c4)
+    assert c4[0].name.startswith("dataset-mnist_configuration-C4_method-")
+
+
+def test_compare_runs_two_methods_end_to_end(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code = main([
+        "compare", "--num-clusters", "2", "--clients-per-cluster", "2", "--rounds", "2",
+        "--methods", "fedavg,local", "--seeds", "0", "--out", str(out), "local-epochs=1",
+    ])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| rank | method" in printed and "[2/2] method-local_seed-0" in printed
+    with (out / "metrics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted({r["method"] for r in rows}) == ["fedavg", "local"] and len(rows) == 4
+    assert (out / "convergence.png").is_file() and "| 1 |" in (out / "summary.md").read_text()
+    # Local sends nothing; FedAvg moves the model both ways every round.
+    assert all((int(r["bytes_down"]) > 0) == (r["method"] == "fedavg") for r in rows)
