@@ -221,14 +221,39 @@ def _ordered(values: Iterable[str]) -> list[str]:
         return unique
 
 
-def _as_columns(spec: TableSpec) -> TableSpec:
-    """The spec with its axes (run-config keys) renamed to the tidy file's columns."""
-    return TableSpec(
-        columns=tuple(map(column_name, spec.columns)),
-        groups=column_name(spec.groups) if spec.groups else None,
-        rows=column_name(spec.rows),
-        title=spec.title,
-    )
+@dataclass(frozen=True)
+class TableData:
+    """What a paper-layout table shows: row values, groups, column-axis values and final accuracies."""
+
+    axis_names: list[str]
+    rows: list[str]
+    groups: list[str]
+    columns: list[tuple[str, ...]]
+    finals: dict[tuple[str, ...], list[float]]
+    grouped: bool
+
+    @classmethod
+    def of(cls, rows: Sequence[Row], spec: TableSpec) -> TableData:
+        """Collect from tidy rows; the spec's axes are run-config keys, the tidy file's are snake_case."""
+        columns = [column_name(axis) for axis in spec.columns]
+        groups = column_name(spec.groups) if spec.groups else None
+        keys = [column_name(spec.rows), *([groups] if groups else []), *columns]
+        return cls(
+            axis_names=[SHORT_NAMES.get(axis, axis) for axis in spec.columns],
+            rows=_ordered(row[keys[0]] for row in rows),
+            groups=_ordered(row[groups] for row in rows) if groups else [""],
+            columns=_ordered(tuple(row[c] for c in columns) for row in rows) if columns else [()],
+            finals=_final_accuracies(rows, keys),
+            grouped=groups is not None,
+        )
+
+    def cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
+        """Final accuracies (one per seed) of one cell; empty where nothing ran."""
+        return self.finals.get((row, *([group] if self.grouped else []), *values), [])
+
+    def header(self, group: str, values: tuple[str, ...]) -> str:
+        label = ", ".join(f"{name}={value}" for name, value in zip(self.axis_names, values, strict=True))
+        return " ".join(part for part in (group, label) if part) or "final accuracy"
 
 
 def paper_table(rows: Sequence[Row], spec: TableSpec) -> str:
@@ -237,59 +262,40 @@ def paper_table(rows: Sequence[Row], spec: TableSpec) -> str:
     Each cell is the mean final accuracy over seeds (± 95% CI half-width with several seeds); the
     best cell of each column is bold.
     """
-    names = [SHORT_NAMES.get(axis, axis) for axis in spec.columns]
-    spec = _as_columns(spec)
-    groups = _ordered(row[spec.groups] for row in rows) if spec.groups else [""]
-    column_values = _ordered(tuple(row[c] for c in spec.columns) for row in rows) if spec.columns else [()]
-    keys = [spec.rows, *([spec.groups] if spec.groups else []), *spec.columns]
-    finals = _final_accuracies(rows, keys)
-    methods = _ordered(row[spec.rows] for row in rows)
-    headers, cells_by_column = [], []
-    for group in groups:
-        for values in column_values:
-            label = ", ".join(f"{name}={v}" for name, v in zip(names, values, strict=True))
-            headers.append(" ".join(part for part in (group, label) if part) or "final accuracy")
-            column = []
-            for method in methods:
-                key = (method, *([group] if spec.groups else []), *values)
-                column.append(finals.get(key, []))
-            cells_by_column.append(column)
-    lines = ["| " + spec.rows + " | " + " | ".join(headers) + " |", "|---|" + "---|" * len(headers)]
-    means = [[_mean(values) for values in column] for column in cells_by_column]
-    for index, method in enumerate(methods):
+    data = TableData.of(rows, spec)
+    slots = [(group, values) for group in data.groups for values in data.columns]
+    lines = [
+        "| " + spec.rows + " | " + " | ".join(data.header(*slot) for slot in slots) + " |",
+        "|---|" + "---|" * len(slots),
+    ]
+    best = {}
+    for slot in slots:
+        means = [_mean(data.cell(row, *slot)) for row in data.rows]
+        best[slot] = max((mean for mean in means if math.isfinite(mean)), default=math.nan)
+    for row in data.rows:
         cells = []
-        for column, column_means in zip(cells_by_column, means, strict=True):
-            values = column[index]
-            if not values:
-                cells.append("—")
-                continue
-            text = format_accuracy(_mean(values), confidence_half_width(values))
-            best = max((m for m in column_means if math.isfinite(m)), default=math.nan)
-            cells.append(f"**{text}**" if math.isfinite(best) and column_means[index] == best else text)
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        for slot in slots:
+            values = data.cell(row, *slot)
+            text = format_accuracy(_mean(values), confidence_half_width(values)) if values else "—"
+            cells.append(f"**{text}**" if values and _mean(values) == best[slot] else text)
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def table_figure(rows: Sequence[Row], spec: TableSpec, path: Path, title: str) -> Path:
     """The table as a figure: final accuracy vs the column axis, one line per method, one panel per group."""
     plt = _figure()
-    names = [SHORT_NAMES.get(axis, axis) for axis in spec.columns]
-    spec = _as_columns(spec)
-    groups = _ordered(row[spec.groups] for row in rows) if spec.groups else [""]
-    column_values = _ordered(tuple(row[c] for c in spec.columns) for row in rows) if spec.columns else [()]
-    keys = [spec.rows, *([spec.groups] if spec.groups else []), *spec.columns]
-    finals = _final_accuracies(rows, keys)
-    methods = _ordered(row[spec.rows] for row in rows)
-    figure, panels = plt.subplots(1, len(groups), figsize=(5 * len(groups) + 1, 4.5), squeeze=False, sharey=True)
-    x = np.arange(len(column_values))
-    for panel, group in zip(panels[0], groups, strict=True):
-        for method in methods:
-            values = [finals.get((method, *([group] if spec.groups else []), *v), []) for v in column_values]
-            means = [_mean(v) for v in values]
-            spread = [confidence_half_width(v) if len(v) > 1 else 0.0 for v in values]
-            panel.errorbar(x, means, yerr=spread, marker="o", capsize=3, label=method)
-        panel.set_xticks(x, [", ".join(v) for v in column_values] if spec.columns else [""])
-        panel.set_xlabel(", ".join(names))
+    data = TableData.of(rows, spec)
+    figure, panels = plt.subplots(1, len(data.groups), figsize=(5 * len(data.groups) + 1, 4.5), squeeze=False,
+                                  sharey=True)  # fmt: skip
+    x = np.arange(len(data.columns))
+    for panel, group in zip(panels[0], data.groups, strict=True):
+        for row in data.rows:
+            cells = [data.cell(row, group, values) for values in data.columns]
+            spread = [confidence_half_width(cell) if len(cell) > 1 else 0.0 for cell in cells]
+            panel.errorbar(x, [_mean(cell) for cell in cells], yerr=spread, marker="o", capsize=3, label=row)
+        panel.set_xticks(x, [", ".join(values) for values in data.columns])
+        panel.set_xlabel(", ".join(data.axis_names))
         panel.set_title(group or title)
         panel.set_ylim(0, 1)
         panel.grid(alpha=0.3)
