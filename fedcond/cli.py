@@ -21,6 +21,7 @@ from fedcond.errors import FedcondError
 from fedcond.experiment import (
     Experiment,
     column_name,
+    describe_plan,
     expand_methods,
     failed_runs,
     load_experiment,
@@ -160,6 +161,9 @@ def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> 
 
 def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, arguments: argparse.Namespace) -> int:
     """Run what is not finished yet, then write metrics.csv and the reports; 1 if any run failed."""
+    if arguments.dry_run:
+        print(describe_plan(experiment, base, out))
+        return 0
     run_experiment(experiment, base, out, simulation_runner(arguments.cpus_per_client, arguments.gpus_per_client),
                    sys.stdout)  # fmt: skip
     return report(out)
@@ -215,6 +219,7 @@ def sweep(arguments: argparse.Namespace) -> int:
 
 
 def add_resource_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true", help="list the runs (and which are done) and stop")
     parser.add_argument("--cpus-per-client", type=int, default=1, help="Ray CPUs per virtual client (default 1)")
     parser.add_argument(
         "--gpus-per-client", type=float, default=None, help="GPU share per virtual client (0.25 with CUDA, else 0)"

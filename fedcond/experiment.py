@@ -325,6 +325,20 @@ def check_data(planned: Sequence[PlannedRun]) -> None:
         scenario_for(run.config)
 
 
+def describe_plan(experiment: Experiment, base: Mapping[str, Any], out: Path) -> str:
+    """What a sweep would do: every run with its client count, and which are finished already."""
+    runs_dir = (out / "runs").resolve()
+    planned = plan(experiment, base, runs_dir)
+    lines = []
+    for run in planned:
+        done = run_status(runs_dir / run.name) == "finished"
+        lines.append(f"{'done' if done else 'todo'}  {run.name}  ({run.config.num_clients} clients, "
+                     f"{run.config.num_server_rounds} rounds)")  # fmt: skip
+    client_rounds = sum(run.config.num_clients * run.config.num_server_rounds for run in planned)
+    lines.append(f"{len(planned)} runs, {client_rounds} client-rounds in all")
+    return "\n".join(lines)
+
+
 def run_experiment(
     experiment: Experiment, base: Mapping[str, Any], out: Path, runner: Runner, stream: TextIO
 ) -> list[PlannedRun]:

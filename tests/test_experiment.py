@@ -239,3 +239,12 @@ def test_compare_runs_two_methods_end_to_end(tmp_path, capsys):
     assert (out / "convergence.png").is_file() and "| 1 |" in (out / "summary.md").read_text()
     # Local sends nothing; FedAvg moves the model both ways every round.
     assert all((int(r["bytes_down"]) > 0) == (r["method"] == "fedavg") for r in rows)
+
+
+def test_dry_run_lists_the_runs_without_running_them(tmp_path, capsys):
+    grid = next(g for g in GRIDS if g.stem == "e3b-k-sweep")
+    assert main(["sweep", str(grid), "--profile", "quick", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("todo  dataset-mnist_num-clusters-2_method-fedavg_seed-0  (10 clients, 10 rounds)")
+    assert printed[-1] == "12 runs, 2100 client-rounds in all"
+    assert not (tmp_path / "o" / "runs").exists()
