@@ -246,5 +246,5 @@ def test_dry_run_lists_the_runs_without_running_them(tmp_path, capsys):
     assert main(["sweep", str(grid), "--profile", "quick", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("todo  dataset-mnist_num-clusters-2_method-fedavg_seed-0  (10 clients, 10 rounds)")
-    assert printed[-1] == "12 runs, 2100 client-rounds in all"
+    assert printed[-1] == "10 runs, 1750 client-rounds in all"
     assert not (tmp_path / "o" / "runs").exists()
