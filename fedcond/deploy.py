@@ -156,7 +156,8 @@ def descendants(roots: set[int]) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -217,14 +218,14 @@ class Processes:
         for pid in family:
             _signal(pid, signal.SIGTERM, group=False)
         deadline = time.monotonic() + STOP_GRACE
-        while time.monotonic() < deadline and any(_alive(pid) for pid in leaders | family):
+        while time.monotonic() < deadline and any(alive(pid) for pid in leaders | family):
             for _, process in self.started:
                 process.poll()  # reap our own children so they don't linger as zombies
             time.sleep(0.2)
         for pid in leaders:
             _signal(pid, signal.SIGKILL, group=True)
         for pid in family:
-            if _alive(pid):
+            if alive(pid):
                 _signal(pid, signal.SIGKILL, group=False)
         for _, process in self.started:
             with suppress(subprocess.TimeoutExpired):
