@@ -1,11 +1,23 @@
-"""The Flower ClientApp: one fedcond client per node, holding only its own partition."""
+"""The Flower ClientApp: one fedcond client per node, holding only its own partition.
+
+A node says which client it is with its node config (``flower-supernode --node-config``; in a
+simulation Flower fills in the first two):
+- ``partition-id``, ``num-partitions``: its index among num-clusters x clients-per-cluster clients;
+- ``partition-file`` (optional): its own ``partition-<id>.npz`` from ``fedcond export-partitions``,
+  so that its machine holds nothing but its own samples;
+- ``data-dir`` (optional): this machine's dataset folder, overriding the run config's ``data-dir``
+  (used to compute the partition when there is no partition file, and to find a fingerprint
+  encoder's data).
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from flwr.client import Client, ClientApp
 from flwr.common import Context
 
-from fedcond.client_data import load_client_data
+from fedcond.client_data import ClientData, load_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.methods import get_method
@@ -20,9 +32,19 @@ def build_client(context: Context, config: RunConfig) -> Client:
             f"this node was started for {num_partitions} partitions but num-clusters x "
             f"clients-per-cluster = {config.num_clients}; make them equal"
         )
+    if "data-dir" in context.node_config:
+        config = config.replace(data_dir=str(context.node_config["data-dir"]))
     method = get_method(config.method)
-    data = load_client_data(config, partition_id)
+    data = node_data(context, config, partition_id)
     return method.make_client(config, data, context, method.conditioned).to_client()
+
+
+def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientData:
+    """This node's data: its partition file when the node config names one, else computed from the dataset."""
+    partition_file = context.node_config.get("partition-file")
+    if partition_file:
+        return load_partition_file(Path(str(partition_file)).expanduser(), config, partition_id)
+    return load_client_data(config, partition_id)
 
 
 def make_client_app(config: RunConfig | None = None) -> ClientApp:

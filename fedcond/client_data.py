@@ -1,13 +1,23 @@
-"""One client's own arrays: its partition of the dataset with its label map and rotation applied."""
+"""One client's own arrays: its partition of the dataset with its label map and rotation applied.
+
+A client computes its partition from the whole dataset (``load_client_data``: the split is a
+function of the dataset and the seed), or reads it from a partition file that holds nothing but
+its own arrays (``load_partition_file``), written beforehand by ``export_partitions``: what a
+client on its own machine uses, so that machine never holds another client's samples.
+"""
 
 from __future__ import annotations
 
+import json
+import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from fedcond.config import RunConfig
 from fedcond.datasets import load_dataset
+from fedcond.errors import FedcondError
 from fedcond.scenarios import ClientPartition, scenario_for
 
 
@@ -65,4 +75,91 @@ def load_client_data(config: RunConfig, partition_id: int) -> ClientData:
         (dataset.train_x, dataset.test_x),
         (dataset.train_y, dataset.test_y),
         scenario.num_classes,
+    )
+
+
+# The settings that decide which samples a client holds (the same ones that key ``scenario_for``'s
+# cache): a partition file records them, so a client never trains on a split the run didn't ask for.
+SPLIT_KEYS = (
+    "dataset",
+    "scenario",
+    "num-clusters",
+    "clients-per-cluster",
+    "seed",
+    "rotations",
+    "data-fraction",
+    "covariate-clusters",
+)
+
+
+def split_settings(config: RunConfig) -> dict[str, object]:
+    """``config``'s values of ``SPLIT_KEYS``."""
+    mapping = config.to_mapping()
+    return {key: mapping[key] for key in SPLIT_KEYS}
+
+
+def partition_file_name(partition_id: int) -> str:
+    return f"partition-{partition_id}.npz"
+
+
+def save_partition(data: ClientData, config: RunConfig, path: Path) -> None:
+    """Write one client's arrays (labels already mapped, images already rotated) and the split's settings."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    settings = json.dumps(split_settings(config), sort_keys=True)
+    with path.open("wb") as handle:  # an open handle keeps numpy from appending a second ".npz"
+        np.savez_compressed(
+            handle,
+            train_x=data.train_x, train_y=data.train_y, test_x=data.test_x, test_y=data.test_y,
+            partition_id=data.partition_id, cluster=data.cluster, num_classes=data.num_classes,
+            settings=np.array(settings),
+        )  # fmt: skip
+
+
+def export_partitions(config: RunConfig, folder: Path) -> list[Path]:
+    """One ``partition-<i>.npz`` per client of ``config``: copy file i to client machine i."""
+    return [
+        _export_one(config, partition_id, folder / partition_file_name(partition_id))
+        for partition_id in range(config.num_clients)
+    ]
+
+
+def _export_one(config: RunConfig, partition_id: int, path: Path) -> Path:
+    save_partition(load_client_data(config, partition_id), config, path)
+    return path
+
+
+def load_partition_file(path: Path, config: RunConfig, partition_id: int) -> ClientData:
+    """A client's data from its exported file, refused unless it is partition ``partition_id`` of ``config``'s split."""
+    fix = "export the partitions again with the run's settings (fedcond export-partitions)"
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            arrays = {key: stored[key] for key in stored.files}
+    except FileNotFoundError:
+        raise FedcondError(f"no partition file {path}; copy this client's partition-<id>.npz there") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise FedcondError(f"{path} is not a readable partition file ({error}); {fix}") from None
+    missing = {"train_x", "train_y", "test_x", "test_y", "partition_id", "cluster", "num_classes", "settings"}
+    missing -= set(arrays)
+    if missing:
+        raise FedcondError(f"{path} lacks {', '.join(sorted(missing))}; {fix}")
+    stored_id = int(arrays["partition_id"])
+    if stored_id != partition_id:
+        raise FedcondError(
+            f"{path} holds partition {stored_id} but this node has partition-id={partition_id}; "
+            "give the node its own file or fix its partition-id"
+        )
+    stored_settings = json.loads(str(arrays["settings"]))
+    wanted = split_settings(config)
+    differing = [f"{key} {stored_settings.get(key)!r} vs {wanted[key]!r}" for key in SPLIT_KEYS
+                 if stored_settings.get(key) != wanted[key]]  # fmt: skip
+    if differing:
+        raise FedcondError(f"{path} was exported for another split ({'; '.join(differing)}); {fix}")
+    return ClientData(
+        partition_id=stored_id,
+        cluster=int(arrays["cluster"]),
+        num_classes=int(arrays["num_classes"]),
+        train_x=arrays["train_x"],
+        train_y=arrays["train_y"],
+        test_x=arrays["test_x"],
+        test_y=arrays["test_y"],
     )

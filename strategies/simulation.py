@@ -20,7 +20,9 @@ def backend_config(cpus_per_client: float = 1.0, gpus_per_client: float = 0.0) -
     """Ray settings: one virtual client per ``cpus_per_client`` cores, all sockets on loopback."""
     return {
         "client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
-        "init_args": {"include_dashboard": False, "_node_ip_address": "127.0.0.1"},
+        # "local": a Ray of its own, never a cluster some `ray start` on this machine recorded in
+        # /tmp/ray/ray_current_cluster (plain ray.init() joins that one); RAY_ADDRESS still wins.
+        "init_args": {"include_dashboard": False, "_node_ip_address": "127.0.0.1", "address": "local"},
     }
 
 
