@@ -1,7 +1,10 @@
-"""The ``fedcond`` command: validate settings, then hand the run to ``flwr run`` as a simulation.
+"""The ``fedcond`` command: run, compare and deploy client-conditional federated learning on Flower.
 
 ``fedcond run method=fedavg num-server-rounds=20`` is ``flwr run`` with the node count, Ray
-resources, offline environment and an absolute results folder filled in for you.
+resources, offline environment and an absolute results folder filled in for you; ``compare`` and
+``sweep`` run many configurations as in-process simulations and report them; ``deploy-local``
+runs the same app on real SuperLink and SuperNode processes. Every setting is validated (data
+files included) before Flower starts.
 """
 
 from __future__ import annotations
