@@ -18,7 +18,7 @@ def build_client(context: Context, config: RunConfig) -> Client:
     if num_partitions != config.num_clients:
         raise FedcondError(
             f"this node was started for {num_partitions} partitions but num-clusters x "
-            f"clients-per-cluster = {config.num_clients}; make them equal"
+            f"(clients-per-cluster + held-out-clients) = {config.num_clients}; make them equal"
         )
     method = get_method(config.method)
     data = load_client_data(config, partition_id)
