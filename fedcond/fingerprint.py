@@ -1,4 +1,9 @@
-"""The client fingerprint: top eigenvalues of the covariance of Z = [phi(x) || onehot(y)].
+"""Client fingerprints: the paper's top eigenvalues of Cov(Z), Z = [phi(x) || onehot(y)], and others.
+
+``compute_fingerprint`` dispatches on the ``fingerprint`` setting (``FINGERPRINTS``): ``eigen`` (the
+paper's), label-aware statistics that see label permutations and rotations (``class-mean``,
+``label-cov``; ``class-eigen`` sees permutations only), and two controls (``random-id``: a pure
+client identifier; ``cluster-id``: the true cluster). docs/fingerprints.md says what each reveals.
 
 Computed by each client on its own training data, once, and kept on the client. Normalisation is
 either local (``log``) or federated (``federated``: a z-score whose mean and standard deviation
