@@ -100,6 +100,9 @@ FIRST = {
     "e2b-c1": [("eigen", "concat"), ("class-mean", "hyper")],
     "e2b-c4": [("eigen", "concat"), ("class-mean", "hyper")],
 }  # fmt: skip
+# Then the label-aware fingerprints under the other mechanisms, then the remaining controls.
+NEXT = [("class-mean", "concat"), ("class-mean", "film"), ("label-cov", "hyper"), ("class-eigen", "hyper"),
+        ("eigen", "film"), ("random-id", "concat"), ("cluster-id", "film")]  # fmt: skip
 
 
 def planned(experiments: list[str]) -> list[Run]:
@@ -109,7 +112,9 @@ def planned(experiments: list[str]) -> list[Run]:
         runs += [Run(experiment, "fedavg"), Run(experiment, "oracle")]
         runs += [Run(experiment, "conditional", f, c) for f, c in FIRST[experiment]]
     for experiment in experiments:
-        runs += [Run(experiment, "conditional", f, c) for f, c in GRIDS[experiment] if (f, c) not in FIRST[experiment]]
+        rest = [pair for pair in GRIDS[experiment] if pair not in FIRST[experiment]]
+        rest.sort(key=lambda pair: NEXT.index(pair) if pair in NEXT else len(NEXT))
+        runs += [Run(experiment, "conditional", f, c) for f, c in rest]
     return runs
 
 
