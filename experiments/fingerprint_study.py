@@ -75,15 +75,18 @@ class Run:
     method: str
     fingerprint: str = "-"
     conditioning: str = "-"
+    seed: int = 0
 
     @property
     def name(self) -> str:
+        suffix = f"-s{self.seed}" if self.seed else ""
         if self.method != "conditional":
-            return f"{self.experiment}-{self.method}"
-        return f"{self.experiment}-{self.fingerprint}-{self.conditioning}"
+            return f"{self.experiment}-{self.method}{suffix}"
+        return f"{self.experiment}-{self.fingerprint}-{self.conditioning}{suffix}"
 
     def config(self, data_dir: str) -> RunConfig:
         values = {**COMMON, **EXPERIMENTS[self.experiment], "method": self.method, "data-dir": data_dir}
+        values["seed"] = self.seed
         values.update({"results-dir": str(RUNS), "run-name": self.name})
         if self.method == "conditional":
             values.update({"fingerprint": self.fingerprint, "conditioning": self.conditioning})
@@ -100,6 +103,14 @@ FIRST = {
     "e2b-c1": [("eigen", "concat"), ("class-mean", "hyper")],
     "e2b-c4": [("eigen", "concat"), ("class-mean", "hyper")],
 }  # fmt: skip
+# Last, a second seed (another split, other permutations, another initial model) of E3b's key runs.
+REPEATS = [
+    Run("e3b", "fedavg", seed=1),
+    Run("e3b", "oracle", seed=1),
+    Run("e3b", "conditional", "eigen", "hyper", seed=1),
+    Run("e3b", "conditional", "class-mean", "hyper", seed=1),
+    Run("e3b", "conditional", "random-id", "hyper", seed=1),
+]
 # Then the label-aware fingerprints under the other mechanisms, then the remaining controls.
 NEXT = [("class-mean", "concat"), ("class-mean", "film"), ("label-cov", "hyper"), ("class-eigen", "hyper"),
         ("eigen", "film"), ("random-id", "concat"), ("cluster-id", "film")]  # fmt: skip
@@ -115,7 +126,7 @@ def planned(experiments: list[str]) -> list[Run]:
         rest = [pair for pair in GRIDS[experiment] if pair not in FIRST[experiment]]
         rest.sort(key=lambda pair: NEXT.index(pair) if pair in NEXT else len(NEXT))
         runs += [Run(experiment, "conditional", f, c) for f, c in rest]
-    return runs
+    return runs + [run for run in REPEATS if run.experiment in experiments]
 
 
 def finished(run: Run) -> bool:
@@ -152,6 +163,7 @@ def read_run(run: Run) -> tuple[dict[str, object], list[dict[str, object]]] | No
         "method": run.method,
         "fingerprint": run.fingerprint,
         "conditioning": run.conditioning,
+        "seed": run.seed,
         "rounds": len(rows),
         "accuracy": float(last["accuracy"]),
         "heldout_accuracy": float(last["heldout_accuracy"]),
@@ -189,7 +201,8 @@ def write_outputs(runs: list[Run]) -> None:
         "",
         "Each cell: final mean local-test accuracy of the **participating** clients / of the **held-out**",
         "clients (never trained, evaluated with the shared model and their own fingerprint), after "
-        f"{COMMON['num-server-rounds']} rounds. Budget per run: {json.dumps(COMMON)}. Seed 0 only.",
+        f"{COMMON['num-server-rounds']} rounds. Budget per run: {json.dumps(COMMON)}.",
+        "Seed 0; E3b's key runs are repeated with seed 1 at the end.",
         "",
     ]
     for experiment in dict.fromkeys(
@@ -210,6 +223,14 @@ def write_outputs(runs: list[Run]) -> None:
             ]
             lines.append(f"| {fingerprint} | " + " | ".join(cells) + " |")
         lines.append("")
+    repeated = [run for run in REPEATS if run in summaries]
+    if repeated:
+        lines += ["## A second seed (E3b)", "", "| run | seed 0 | seed 1 |", "|---|---|---|"]
+        for run in repeated:
+            first = Run(run.experiment, run.method, run.fingerprint, run.conditioning)
+            label = run.method if run.method != "conditional" else f"{run.fingerprint} / {run.conditioning}"
+            lines.append(f"| {label} | {cell(summaries.get(first))} | {cell(summaries[run])} |")
+        lines.append("")
     (OUT / "tables.md").write_text("\n".join(lines))
 
 
@@ -227,8 +248,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))
     parser.add_argument("--tables-only", action="store_true", help="rebuild the tables from finished runs")
     parser.add_argument("--limit", type=int, default=0, help="run at most this many new runs")
+    parser.add_argument("--repeats-only", action="store_true", help="run only the second-seed repeats")
     args = parser.parse_args()
-    runs = planned(args.only)
+    runs = [run for run in REPEATS if run.experiment in args.only] if args.repeats_only else planned(args.only)
     if not args.tables_only:
         todo = [run for run in runs if not finished(run)]
         for run in todo[: args.limit or None]:
