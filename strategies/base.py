@@ -72,6 +72,8 @@ class FedcondStrategy(Strategy):
         config = self.setup.config
         proxies = all_clients(client_manager, config)
         if config.held_out_clients:
+            # Which node holds which partition (every result reports it anyway): held-out clients
+            # are the last partition ids, and they must never receive a training instruction.
             answers = ask_all(proxies, {STEP: STEP_IDENTITY})
             self.held_out_cids = {
                 proxy.cid
