@@ -76,10 +76,13 @@ class Run:
     fingerprint: str = "-"
     conditioning: str = "-"
     seed: int = 0
+    # Settings changed from COMMON, as (key, value) pairs (hashable), named in the run's folder.
+    extra: tuple[tuple[str, object], ...] = ()
 
     @property
     def name(self) -> str:
         suffix = f"-s{self.seed}" if self.seed else ""
+        suffix += "".join(f"-{key}{value}" for key, value in self.extra)
         if self.method != "conditional":
             return f"{self.experiment}-{self.method}{suffix}"
         return f"{self.experiment}-{self.fingerprint}-{self.conditioning}{suffix}"
@@ -87,6 +90,7 @@ class Run:
     def config(self, data_dir: str) -> RunConfig:
         values = {**COMMON, **EXPERIMENTS[self.experiment], "method": self.method, "data-dir": data_dir}
         values["seed"] = self.seed
+        values.update(dict(self.extra))
         values.update({"results-dir": str(RUNS), "run-name": self.name})
         if self.method == "conditional":
             values.update({"fingerprint": self.fingerprint, "conditioning": self.conditioning})
@@ -110,6 +114,8 @@ REPEATS = [
     Run("e3b", "conditional", "eigen", "hyper", seed=1),
     Run("e3b", "conditional", "class-mean", "hyper", seed=1),
     Run("e3b", "conditional", "random-id", "hyper", seed=1),
+    # A wider sketch: 10 public directions per class instead of 3.
+    Run("e3b", "conditional", "class-mean", "hyper", extra=(("fingerprint-dim", 100),)),
 ]
 # Then the label-aware fingerprints under the other mechanisms, then the remaining controls.
 NEXT = [("class-mean", "concat"), ("class-mean", "film"), ("label-cov", "hyper"), ("class-eigen", "hyper"),
@@ -164,6 +170,7 @@ def read_run(run: Run) -> tuple[dict[str, object], list[dict[str, object]]] | No
         "fingerprint": run.fingerprint,
         "conditioning": run.conditioning,
         "seed": run.seed,
+        "changes": " ".join(f"{key}={value}" for key, value in run.extra),
         "rounds": len(rows),
         "accuracy": float(last["accuracy"]),
         "heldout_accuracy": float(last["heldout_accuracy"]),
@@ -226,10 +233,14 @@ def write_outputs(runs: list[Run]) -> None:
     repeated = [run for run in REPEATS if run in summaries]
     if repeated:
         lines += ["## A second seed (E3b)", "", "| run | seed 0 | seed 1 |", "|---|---|---|"]
-        for run in repeated:
+        for run in (run for run in repeated if not run.extra):
             first = Run(run.experiment, run.method, run.fingerprint, run.conditioning)
             label = run.method if run.method != "conditional" else f"{run.fingerprint} / {run.conditioning}"
             lines.append(f"| {label} | {cell(summaries.get(first))} | {cell(summaries[run])} |")
+        lines.append("")
+        for run in (run for run in repeated if run.extra):
+            changes = ", ".join(f"{key}={value}" for key, value in run.extra)
+            lines.append(f"Variation, {run.fingerprint} / {run.conditioning} with {changes}: {cell(summaries[run])}")
         lines.append("")
     (OUT / "tables.md").write_text("\n".join(lines))
 
