@@ -30,7 +30,7 @@ def build_client(context: Context, config: RunConfig) -> Client:
     if num_partitions != config.num_clients:
         raise FedcondError(
             f"this node was started for {num_partitions} partitions but num-clusters x "
-            f"clients-per-cluster = {config.num_clients}; make them equal"
+            f"(clients-per-cluster + held-out-clients) = {config.num_clients}; make them equal"
         )
     if "data-dir" in context.node_config:
         config = config.replace(data_dir=str(context.node_config["data-dir"]))

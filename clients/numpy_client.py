@@ -104,8 +104,17 @@ class FedcondClient(NumPyClient):
     # -- the fingerprint: computed once, on local training data only, kept in client state --------
     def raw_fingerprint(self) -> np.ndarray:
         if FINGERPRINT_KEY not in self.state.array_records:
-            vector = fp.eigen_fingerprint(
-                self.features(), self.data.train_y, self.data.num_classes, self.config.fingerprint_dim, self.config.seed
+            needs_data = self.config.fingerprint not in ("random-id", "cluster-id")
+            vector = fp.compute_fingerprint(
+                self.config.fingerprint,
+                self.features() if needs_data else self.data.train_x,
+                self.data.train_y,
+                self.data.num_classes,
+                self.config.fingerprint_dim,
+                self.config.seed,
+                self.data.partition_id,
+                self.data.cluster,
+                self.config.num_clusters,
             )
             self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
         return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]

@@ -94,13 +94,13 @@ def read_override_file(path: str | None) -> dict[str, object]:
 
 def prepare(assignments: Sequence[str], override_file: str | None = None) -> tuple[RunConfig, dict[str, object]]:
     """Validate everything (data files included) before Flower starts, and fill the results folder."""
-    from fedcond.methods import get_method
+    from fedcond.methods import check_held_out, get_method
     from fedcond.scenarios import scenario_for, validate_without_data
 
     overrides = {**read_override_file(override_file), **parse_assignments(assignments)}
     config = RunConfig.from_mapping({**default_config(), **overrides})
     validate_without_data(config)
-    get_method(config.method)
+    check_held_out(get_method(config.method), config)
     scenario_for(config)  # loads the data and splits it: missing or corrupt files stop here
     # The folder is named here, so that this process can tell afterwards whether the run finished.
     folder = unused_run_folder(config)
@@ -263,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
     add_resource_flags(run_parser)
     add_experiment_commands(commands)
-    commands.add_parser("list", help="list methods, datasets and scenarios")
+    commands.add_parser("list", help="list methods, datasets, scenarios, fingerprints and conditionings")
     deploy_parser = commands.add_parser(
         "deploy-local", help="one run on a real SuperLink and SuperNodes, separate processes on 127.0.0.1 (TLS)"
     )
@@ -296,13 +296,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def list_choices() -> int:
+    from fedcond.config import CONDITIONINGS
     from fedcond.datasets import DATASETS
+    from fedcond.fingerprint import FINGERPRINTS
     from fedcond.methods import registry
     from fedcond.scenarios import SCENARIOS
 
     print("methods:   " + ", ".join(f"{name} ({method.summary})" for name, method in registry().items()))
     print("datasets:  " + ", ".join(DATASETS))
     print("scenarios: " + ", ".join(SCENARIOS))
+    print("fingerprints: " + ", ".join(FINGERPRINTS) + "; conditionings: " + ", ".join(CONDITIONINGS))
     return 0
 
 

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from fedcond.errors import FedcondError
+from fedcond.fingerprint import check_fingerprint
 
 NORMALISATIONS = ("none", "log", "federated")
+CONDITIONINGS = ("concat", "film", "hyper")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,11 @@ class RunConfig:
     # phi in Z = [phi(x) || onehot(y)]: "pixels", or the dataset a frozen encoder is trained on.
     fingerprint_encoder: str = "pixels"
     normalisation: str = "federated"
+    # What each client computes (fedcond.fingerprint.FINGERPRINTS) and how the model uses it.
+    fingerprint: str = "eigen"
+    conditioning: str = "concat"
+    # Extra clients per cluster that never train, only evaluate the shared model each round.
+    held_out_clients: int = 0
     seed: int = 0
     data_dir: str = ""
     results_dir: str = ""
@@ -97,6 +104,8 @@ class RunConfig:
         for key, value in {"local-epochs": self.local_epochs, "batch-size": self.batch_size}.items():
             if value < 0:
                 raise FedcondError(f"{key} must be 0 (dataset default) or positive (got {value})")
+        if self.held_out_clients < 0:
+            raise FedcondError(f"held-out-clients must be 0 or more per cluster (got {self.held_out_clients})")
         if not 0 < self.data_fraction <= 1:
             raise FedcondError(f"data-fraction must be in (0, 1] (got {self.data_fraction})")
         if not self.learning_rate > 0:
@@ -109,6 +118,9 @@ class RunConfig:
             raise FedcondError(
                 f"unknown normalisation '{self.normalisation}'; choose one of {', '.join(NORMALISATIONS)}"
             )
+        if self.conditioning not in CONDITIONINGS:
+            raise FedcondError(f"unknown conditioning '{self.conditioning}'; choose one of {', '.join(CONDITIONINGS)}")
+        check_fingerprint(self.fingerprint, self.normalisation)
 
     def resolved(self) -> RunConfig:
         """A copy with "dataset default" (0) settings replaced by the dataset's values."""
@@ -122,7 +134,12 @@ class RunConfig:
 
     @property
     def num_clients(self) -> int:
-        """How many Flower nodes the run needs: one per client."""
+        """How many Flower nodes the run needs: one per client, held-out clients included."""
+        return self.num_clusters * (self.clients_per_cluster + self.held_out_clients)
+
+    @property
+    def num_training_clients(self) -> int:
+        """Clients that train: partition ids below this; held-out clients come after them."""
         return self.num_clusters * self.clients_per_cluster
 
     def resolved_data_dir(self) -> Path | None:

@@ -414,11 +414,12 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
 def write_metrics(experiment: Experiment, out: Path) -> Path:
     """``metrics.csv``: tidy, one row per (settings, method, seed, round)."""
     rows = list(tidy_rows(experiment, out))
-    optional = [column for column in OPTIONAL_METRIC_COLUMNS if any(column in row for row in rows)]
+    # An optional column earns its place only where some run measured it (not NaN throughout).
+    optional = [c for c in OPTIONAL_METRIC_COLUMNS if any(math.isfinite(as_float(row.get(c, ""))) for row in rows)]
     columns = [*map(column_name, experiment.setting_axes), *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
     path = out / METRICS_FILE
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, columns, restval="")
+        writer = csv.DictWriter(handle, columns, restval="", extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     return path

@@ -1,4 +1,9 @@
-"""The client fingerprint: top eigenvalues of the covariance of Z = [phi(x) || onehot(y)].
+"""Client fingerprints: the paper's top eigenvalues of Cov(Z), Z = [phi(x) || onehot(y)], and others.
+
+``compute_fingerprint`` dispatches on the ``fingerprint`` setting (``FINGERPRINTS``): ``eigen`` (the
+paper's), label-aware statistics that see label permutations and rotations (``class-mean``,
+``label-cov``; ``class-eigen`` sees permutations only), and two controls (``random-id``: a pure
+client identifier; ``cluster-id``: the true cluster). docs/fingerprints.md says what each reveals.
 
 Computed by each client on its own training data, once, and kept on the client. Normalisation is
 either local (``log``) or federated (``federated``: a z-score whose mean and standard deviation
@@ -73,3 +78,136 @@ def mean_and_std(total: np.ndarray, total_of_squares: np.ndarray, count: float) 
     mean = total / count
     variance = np.maximum(total_of_squares / count - mean**2, 0.0)
     return mean, np.sqrt(variance)
+
+
+# -- pluggable fingerprints ------------------------------------------------------------------------
+# Every fingerprint is computed by a client on its own training data and stays on the client.
+FINGERPRINTS = ("eigen", "class-mean", "label-cov", "class-eigen", "random-id", "cluster-id")
+#: Fingerprints whose entries are variances (non-negative, spanning decades): ``log`` scaling fits them.
+SPECTRAL_FINGERPRINTS = ("eigen", "class-eigen")
+#: The public seed of the random projection behind the sketches: the same matrix on every client.
+PUBLIC_PROJECTION_SEED = 20_240_917
+
+
+def check_fingerprint(name: str, normalisation: str) -> None:
+    """A known fingerprint under a normalisation that makes sense for it."""
+    if name not in FINGERPRINTS:
+        raise FedcondError(f"unknown fingerprint '{name}'; choose one of {', '.join(FINGERPRINTS)}")
+    if normalisation == "log" and name not in SPECTRAL_FINGERPRINTS:
+        raise FedcondError(
+            f"normalisation=log takes logarithms of eigenvalues ({', '.join(SPECTRAL_FINGERPRINTS)}); "
+            f"fingerprint {name} has signed entries: use normalisation=federated or none"
+        )
+
+
+def per_class_width(dim: int, num_classes: int) -> int:
+    """How many values a per-class fingerprint keeps for each class (at least one)."""
+    return max(1, dim // num_classes)
+
+
+def fingerprint_size(name: str, dim: int, num_classes: int, num_clusters: int) -> int:
+    """The length of fingerprint ``name``: what the conditioned model's input size must be."""
+    if name in ("eigen", "random-id"):
+        return dim
+    if name == "cluster-id":
+        return num_clusters
+    return num_classes * per_class_width(dim, num_classes)
+
+
+def public_projection(num_features: int, width: int) -> np.ndarray:
+    """A fixed (num_features, width) Gaussian matrix from a public seed, scaled to keep norms.
+
+    It depends only on the public seed and the shapes, never on a client or the run's seed, so every
+    client projects onto the same directions and their sketches are comparable.
+    """
+    rng = np.random.default_rng([PUBLIC_PROJECTION_SEED, num_features, width])
+    return rng.standard_normal((num_features, width)) / np.sqrt(num_features)
+
+
+def class_mean_sketch(images: np.ndarray, labels: np.ndarray, num_classes: int, dim: int) -> np.ndarray:
+    """Per class, the mean image projected on the public projection, in label order.
+
+    A class the client does not hold gives zeros. Label-ordered, so permuting labels permutes the
+    blocks; pixel order matters through the projection, so rotating images changes it.
+    """
+    pixels = images.reshape(len(images), -1).astype(np.float64)
+    width = per_class_width(dim, num_classes)
+    projected = pixels @ public_projection(pixels.shape[1], width)
+    sketch = np.zeros((num_classes, width))
+    for label in range(num_classes):
+        members = labels == label
+        if members.any():
+            sketch[label] = projected[members].mean(axis=0)
+    return sketch.ravel()
+
+
+def label_covariance_sketch(images: np.ndarray, labels: np.ndarray, num_classes: int, dim: int) -> np.ndarray:
+    """The pixel-label cross-covariance block of Cov(Z), projected: Cov(P^T x, onehot(y)).
+
+    Column c is p_c (mean_c - mean) on the projection: the off-diagonal block of the paper's
+    covariance that its eigenvalues discard, sketched. It also carries the class frequencies p_c.
+    """
+    pixels = images.reshape(len(images), -1).astype(np.float64)
+    width = per_class_width(dim, num_classes)
+    projected = pixels @ public_projection(pixels.shape[1], width)
+    projected -= projected.mean(axis=0, keepdims=True)
+    onehot = np.zeros((len(labels), num_classes))
+    onehot[np.arange(len(labels)), labels] = 1.0
+    onehot -= onehot.mean(axis=0, keepdims=True)
+    cross = onehot.T @ projected / max(len(labels) - 1, 1)  # (classes, width)
+    return cross.ravel()
+
+
+def class_eigen(images: np.ndarray, labels: np.ndarray, num_classes: int, dim: int, seed: int = 0) -> np.ndarray:
+    """Per class, the top eigenvalues of the covariance of that class's images, in label order.
+
+    Label-aware (permuting labels permutes the blocks) but, like ``eigen``, blind to any orthogonal
+    change of pixel basis: a rotation by a multiple of 90 degrees leaves it unchanged.
+    """
+    pixels = images.reshape(len(images), -1)
+    width = per_class_width(dim, num_classes)
+    blocks = np.zeros((num_classes, width))
+    for label in range(num_classes):
+        members = pixels[labels == label]
+        if len(members) >= 2:
+            blocks[label] = covariance_eigenvalues(members.astype(np.float64), width, seed)
+    return blocks.ravel()
+
+
+def random_id(dim: int, seed: int, partition_id: int) -> np.ndarray:
+    """A standard normal vector drawn per client: it describes nothing but which client this is."""
+    return np.random.default_rng([seed, partition_id, 7]).standard_normal(dim)
+
+
+def cluster_one_hot(cluster: int, num_clusters: int) -> np.ndarray:
+    """The true cluster, one-hot: a reference for what a perfect description could give."""
+    vector = np.zeros(num_clusters)
+    vector[cluster] = 1.0
+    return vector
+
+
+def compute_fingerprint(
+    name: str,
+    images: np.ndarray,
+    labels: np.ndarray,
+    num_classes: int,
+    dim: int,
+    seed: int,
+    partition_id: int,
+    cluster: int,
+    num_clusters: int,
+) -> np.ndarray:
+    """Fingerprint ``name`` of one client's training data (``images``: pixels in [0, 1] or phi(x))."""
+    if name == "eigen":
+        return eigen_fingerprint(images, labels, num_classes, dim, seed)
+    if name == "class-mean":
+        return class_mean_sketch(images, labels, num_classes, dim)
+    if name == "label-cov":
+        return label_covariance_sketch(images, labels, num_classes, dim)
+    if name == "class-eigen":
+        return class_eigen(images, labels, num_classes, dim, seed)
+    if name == "random-id":
+        return random_id(dim, seed, partition_id)
+    if name == "cluster-id":
+        return cluster_one_hot(cluster, num_clusters)
+    raise FedcondError(f"unknown fingerprint '{name}'; choose one of {', '.join(FINGERPRINTS)}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import platform
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from fedcond.config import RunConfig
 
 HISTORY_COLUMNS = (
     "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up", "ari",
+    "heldout_accuracy",
 )  # fmt: skip
 PACKAGES = ("fedcond", "flwr", "torch", "torchvision", "numpy", "scikit-learn", "ray")
 
@@ -37,6 +39,8 @@ class RoundRecord:
     cluster_accuracy: dict[int, float] = field(default_factory=dict)
     # Adjusted Rand Index of the clients' model choices against the true clusters (IFCA), else NaN.
     ari: float = float("nan")
+    # Sample-weighted accuracy of the held-out clients (never trained), NaN when there are none.
+    heldout_accuracy: float = float("nan")
 
     @staticmethod
     def columns(num_clusters: int) -> list[str]:
@@ -131,6 +135,8 @@ class RunRecorder:
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             rounds_completed=len(self.records),
             final_accuracy=last.accuracy if last else None,
+            # None rather than NaN: run.json stays strict JSON when there are no held-out clients.
+            final_heldout_accuracy=None if last is None or math.isnan(last.heldout_accuracy) else last.heldout_accuracy,
             final_loss=last.loss if last else None,
             total_seconds=last.elapsed_seconds if last else None,
             **(extra or {}),

@@ -42,6 +42,8 @@ class Method:
     conditioned: bool
     make_client: Callable[[RunConfig, ClientData, Context, bool], NumPyClient]
     make_strategy: Callable[[ServerSetup], Strategy]
+    #: What a held-out client (one that never trains) is evaluated with; empty: no meaning here.
+    held_out_model: str = ""
 
 
 @functools.cache
@@ -59,12 +61,16 @@ def registry() -> dict[str, Method]:
 
     # fmt: off
     methods = (
-        Method("fedavg", "one global backbone CNN, FedAvg over all clients", False, FedcondClient, FedcondFedAvg),
-        Method("conditional", "one global CNN fed each client's fingerprint", True, FedcondClient, FedcondFedAvg),
+        Method("fedavg", "one global backbone CNN, FedAvg over all clients", False, FedcondClient, FedcondFedAvg,
+               "the global model"),
+        Method("conditional", "one global CNN fed each client's fingerprint", True, FedcondClient, FedcondFedAvg,
+               "the global model fed its own fingerprint"),
         Method("local", "each client trains only its own model", False, LocalClient, LocalStrategy),
-        Method("oracle", "FedAvg within each true cluster (reference)", False, FedcondClient, OracleStrategy),
+        Method("oracle", "FedAvg within each true cluster (reference)", False, FedcondClient, OracleStrategy,
+               "its true cluster's model"),
         Method("ifca", "K models, each client trains its lowest-loss one", False, IfcaClient, IfcaStrategy),
-        Method("ditto", "personal models pulled towards FedAvg's", False, DittoClient, FedcondFedAvg),
+        Method("ditto", "personal models pulled towards FedAvg's", False, DittoClient, FedcondFedAvg,
+               "the global model (it has no personal model)"),
         Method("gossip", "random pairwise averaging of per-client models", False, FedcondClient, GossipStrategy),
         Method("dac", "averaging with the top-k cosine-similar peers", False, FedcondClient, DacStrategy),
     )
@@ -78,3 +84,13 @@ def get_method(name: str) -> Method:
     if name not in methods:
         raise FedcondError(f"unknown method '{name}'; choose one of {', '.join(methods)}")
     return methods[name]
+
+
+def check_held_out(method: Method, config: RunConfig) -> None:
+    """Refuse held-out clients where a client that never trains has no model to be evaluated with."""
+    if config.held_out_clients and not method.held_out_model:
+        supported = ", ".join(name for name, known in registry().items() if known.held_out_model)
+        raise FedcondError(
+            f"held-out-clients has no meaning for {method.name} (a client that never trains has no model of "
+            f"its own there); set held-out-clients=0 or use one of {supported}"
+        )

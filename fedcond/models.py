@@ -1,8 +1,16 @@
 """The backbone CNNs, optionally conditioned on the client fingerprint.
 
-Conditioning follows the paper: the fingerprint is concatenated to the flattened conv features
-before the first fully connected layer. With ``condition_dim=0`` the same network is the plain
-backbone every baseline uses, so methods differ only in what they do, not in capacity.
+Three conditioning mechanisms (``conditioning``), all on the same conv stack and FC hidden layer:
+
+- ``concat`` (the paper's): the fingerprint s is concatenated to the flattened conv features
+  before the first fully connected layer.
+- ``film``: s drives a feature-wise affine modulation of the FC hidden layer before its ReLU,
+  h -> (1 + gamma(s)) * h + beta(s), with gamma and beta linear in s and zero at initialisation.
+- ``hyper``: s generates the output layer, logits = (W0 + sum_j s_j W_j) h + (b0 + sum_j s_j b_j)
+  (a linear hypernetwork over the last layer), so clients with different s get different heads.
+
+With ``condition_dim=0`` the network is the plain backbone every baseline uses, so methods differ
+only in what they do, not in capacity.
 """
 
 from __future__ import annotations
@@ -11,8 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedcond.config import RunConfig
+from fedcond.config import CONDITIONINGS, RunConfig
 from fedcond.errors import FedcondError
+from fedcond.fingerprint import fingerprint_size
 
 
 def small_features(channels: int) -> nn.Sequential:
@@ -42,43 +51,76 @@ def cifar_features(channels: int) -> nn.Sequential:
 
 
 class ConditionalCNN(nn.Module):
-    """A conv feature stack, then [flat features || fingerprint] -> FC hidden -> ReLU -> FC classes.
+    """A conv feature stack, then FC hidden -> ReLU -> FC classes, conditioned as ``conditioning`` says.
 
     On 28x28 inputs this is the paper's MNIST network (3136 conv features, FC 128): 425,738
-    parameters with a 32-d fingerprint and 10 classes; on 8x8 digits the small variant (256
-    features); on 32x32 RGB the paper's CIFAR network (4096 features, FC 256).
+    parameters with ``concat`` of a 32-d fingerprint and 10 classes; on 8x8 digits the small variant
+    (256 features); on 32x32 RGB the paper's CIFAR network (4096 features, FC 256).
     """
 
-    def __init__(self, image_shape: tuple[int, int, int], num_classes: int, condition_dim: int = 0) -> None:
+    def __init__(
+        self, image_shape: tuple[int, int, int], num_classes: int, condition_dim: int = 0, conditioning: str = "concat"
+    ) -> None:
         super().__init__()
         channels, height, width = image_shape
         if height % 4 or width % 4:
             raise FedcondError(f"images must have sides divisible by 4 for two poolings, got {height}x{width}")
+        if conditioning not in CONDITIONINGS:
+            raise FedcondError(f"unknown conditioning '{conditioning}'; choose one of {', '.join(CONDITIONINGS)}")
         cifar_like = channels == 3
         self.condition_dim = condition_dim
+        self.conditioning = conditioning if condition_dim else "concat"
+        self.num_classes = num_classes
         self.features = cifar_features(channels) if cifar_like else small_features(channels)
         hidden = 256 if cifar_like else 128
         flat = 64 * (height // 4) * (width // 4)
+        concat_dim = condition_dim if self.conditioning == "concat" else 0
+        # Built in this order for every mechanism so that the unconditioned and concat networks keep
+        # their seeded initial weights (and parameter count) exactly.
         self.classifier = nn.Sequential(
-            nn.Linear(flat + condition_dim, hidden),
+            nn.Linear(flat + concat_dim, hidden),
             nn.ReLU(),
             nn.Linear(hidden, num_classes),
         )
+        if self.conditioning == "film":
+            # Zero at initialisation: training starts from the unconditioned network and learns
+            # how far each fingerprint direction should move each hidden unit.
+            self.film = nn.Linear(condition_dim, 2 * hidden)
+            nn.init.zeros_(self.film.weight)
+            nn.init.zeros_(self.film.bias)
+        elif self.conditioning == "hyper":
+            # W0, b0 is classifier[2]; W_j, b_j for every fingerprint dimension j live here, small
+            # enough that sum_j s_j W_j starts at the scale of W0 for a z-scored s.
+            scale = 1.0 / np.sqrt(hidden * condition_dim)
+            self.hyper = nn.Parameter(torch.randn(condition_dim, num_classes, hidden + 1) * scale)
 
     def forward(self, images: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
         features = self.features(images)
-        if self.condition_dim:
-            if condition is None:
-                raise ValueError("a conditioned model needs its client's fingerprint")
-            features = torch.cat([features, condition.expand(len(features), -1)], dim=1)
-        return self.classifier(features)
+        if not self.condition_dim:
+            return self.classifier(features)
+        if condition is None:
+            raise ValueError("a conditioned model needs its client's fingerprint")
+        condition = condition.expand(len(features), -1)
+        first, activation, head = self.classifier
+        if self.conditioning == "concat":
+            return head(activation(first(torch.cat([features, condition], dim=1))))
+        hidden = first(features)
+        if self.conditioning == "film":
+            gamma, beta = self.film(condition).chunk(2, dim=1)
+            return head(activation((1 + gamma) * hidden + beta))
+        hidden = activation(hidden)
+        generated = torch.einsum("bj,jco->bco", condition, self.hyper)  # (batch, classes, hidden + 1)
+        weights, biases = generated[..., :-1], generated[..., -1]
+        return head(hidden) + torch.einsum("bco,bo->bc", weights, hidden) + biases
 
 
-def build_model(image_shape: tuple[int, int, int], num_classes: int, condition_dim: int, seed: int) -> ConditionalCNN:
+def build_model(
+    image_shape: tuple[int, int, int], num_classes: int, condition_dim: int, seed: int, conditioning: str = "concat"
+) -> ConditionalCNN:
     """A freshly initialised backbone; the same seed gives the same weights on every machine."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model = ConditionalCNN(image_shape, num_classes, condition_dim)
+    model = ConditionalCNN(image_shape, num_classes, condition_dim, conditioning)
     torch.random.set_rng_state(generator_state)
     return model
 
@@ -87,9 +129,15 @@ def build_run_model(config: RunConfig, num_classes: int, conditioned: bool, seed
     """The backbone of a run, as the server and every client build it (``seed`` defaults to the run's)."""
     from fedcond.datasets import dataset_spec
 
-    condition_dim = config.fingerprint_dim if conditioned else 0
+    condition_dim = (
+        fingerprint_size(config.fingerprint, config.fingerprint_dim, num_classes, config.num_clusters)
+        if conditioned
+        else 0
+    )
     image_shape = dataset_spec(config.dataset).image_shape
-    return build_model(image_shape, num_classes, condition_dim, config.seed if seed is None else seed)
+    return build_model(
+        image_shape, num_classes, condition_dim, config.seed if seed is None else seed, config.conditioning
+    )
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -8,6 +8,7 @@ client is evaluated on samples of its own distribution.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,8 @@ class ClientPartition:
     label_map: np.ndarray
     source: str
     rotation: float = 0.0
+    # A held-out client never trains; it evaluates the shared model with its own fingerprint.
+    held_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Scenario:
     cluster_descriptions: tuple[str, ...]
     clients: tuple[ClientPartition, ...]
     data_fraction: float = 1.0
+    held_out_per_cluster: int = 0
 
     @property
     def num_clusters(self) -> int:
@@ -91,7 +95,7 @@ class Scenario:
         if not 0 <= partition_id < len(self.clients):
             raise FedcondError(
                 f"partition-id {partition_id} is outside 0..{len(self.clients) - 1}; "
-                "start as many nodes as num-clusters x clients-per-cluster"
+                "start as many nodes as num-clusters x (clients-per-cluster + held-out-clients)"
             )
         return self.clients[partition_id]
 
@@ -99,11 +103,13 @@ class Scenario:
         """What a run prints before training and stores in ``run.json``."""
         train_sizes = [len(client.train_indices) for client in self.clients]
         test_sizes = [len(client.test_indices) for client in self.clients]
+        held_out = self.held_out_per_cluster * self.num_clusters
         return {
             "scenario": self.name,
             "dataset": self.dataset,
             "num_clusters": self.num_clusters,
-            "clients_per_cluster": len(self.clients) // self.num_clusters,
+            "clients_per_cluster": (len(self.clients) - held_out) // self.num_clusters,
+            "held_out_clients_per_cluster": self.held_out_per_cluster,
             "num_clients": len(self.clients),
             "num_classes": self.num_classes,
             "data_fraction": self.data_fraction,
@@ -122,7 +128,12 @@ def format_summary(summary: dict[str, object]) -> str:
     lines = [
         f"scenario {summary['scenario']} on {summary['dataset']}: {summary['num_clusters']} clusters x "
         f"{summary['clients_per_cluster']} clients, {summary['num_classes']} classes, "
-        f"data-fraction {summary['data_fraction']}",
+        f"data-fraction {summary['data_fraction']}"
+        + (
+            f", plus {summary['held_out_clients_per_cluster']} held-out client(s) per cluster that never train"
+            if summary.get("held_out_clients_per_cluster")
+            else ""
+        ),
         *(f"  cluster {k}: {description}" for k, description in enumerate(summary["clusters"])),
         f"  samples per client (min/median/max): train {train['min']}/{train['median']:g}/{train['max']}, "
         f"test {test['min']}/{test['median']:g}/{test['max']}",
@@ -154,6 +165,7 @@ class _Builder:
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         self.clients: list[ClientPartition] = []
+        self.held_out: list[ClientPartition] = []
         self.descriptions: list[str] = []
 
     def add_cluster(
@@ -167,14 +179,17 @@ class _Builder:
     ) -> None:
         cluster = len(self.descriptions)
         self.descriptions.append(description)
-        fraction, parts = self.config.data_fraction, self.config.clients_per_cluster
+        fraction = self.config.data_fraction
+        training = self.config.clients_per_cluster
+        parts = training + self.config.held_out_clients
         train_parts = _split_evenly(_subsample(train_pool, fraction, self.rng), parts, self.rng)
         test_parts = _split_evenly(_subsample(test_pool, fraction, self.rng), parts, self.rng)
-        for train_indices, test_indices in zip(train_parts, test_parts, strict=True):
+        for part, (train_indices, test_indices) in enumerate(zip(train_parts, test_parts, strict=True)):
+            # Partition ids are assigned in scenario(): training clients first, then held-out ones.
             partition = ClientPartition(
-                len(self.clients), cluster, train_indices, test_indices, label_map, source, rotation
+                -1, cluster, train_indices, test_indices, label_map, source, rotation, held_out=part >= training
             )
-            self.clients.append(partition)
+            (self.held_out if partition.held_out else self.clients).append(partition)
 
     def disjoint_shares(self, dataset: ImageDataset) -> list[tuple[np.ndarray, np.ndarray]]:
         """All samples split into K disjoint shares: clusters that see the same distribution."""
@@ -184,8 +199,20 @@ class _Builder:
         return list(zip(train, test, strict=True))
 
     def scenario(self, name: str, dataset: str, num_classes: int) -> Scenario:
+        # Training clients keep ids 0..N-1 whether or not there are held-out clients; held-out
+        # clients follow, so a strategy tells them apart by partition id alone.
+        clients = tuple(
+            dataclasses.replace(partition, partition_id=index)
+            for index, partition in enumerate([*self.clients, *self.held_out])
+        )
         return Scenario(
-            name, dataset, num_classes, tuple(self.descriptions), tuple(self.clients), self.config.data_fraction
+            name,
+            dataset,
+            num_classes,
+            tuple(self.descriptions),
+            clients,
+            self.config.data_fraction,
+            self.config.held_out_clients,
         )
 
 
@@ -391,7 +418,8 @@ def build_scenario(config: RunConfig, load: Loader | None = None) -> Scenario:
         if too_few_train or len(client.test_indices) < MIN_TEST_SAMPLES_PER_CLIENT:
             raise FedcondError(
                 f"client {client.partition_id} gets {len(client.train_indices)} training and "
-                f"{len(client.test_indices)} test samples; lower clients-per-cluster or raise data-fraction"
+                f"{len(client.test_indices)} test samples; lower clients-per-cluster (or held-out-clients) "
+                "or raise data-fraction"
             )
     return scenario
 
@@ -419,6 +447,7 @@ def scenario_for(config: RunConfig) -> Scenario:
         scenario=config.scenario,
         num_clusters=config.num_clusters,
         clients_per_cluster=config.clients_per_cluster,
+        held_out_clients=config.held_out_clients,
         seed=config.seed,
         data_dir=str(config.resolved_data_dir() or ""),
         rotations=config.rotations,

@@ -85,18 +85,16 @@ class RoundTracker:
             self.bytes_up += sum(parameters_bytes(res.parameters) for _, res in results)
         self.train_loss = weighted_mean((float(res.metrics[TRAIN_LOSS]), res.num_examples) for _, res in results)
 
-    def finish_round(self, server_round: int, results: Sequence[tuple[ClientProxy, EvaluateRes]]) -> RoundRecord:
-        evaluations = [
-            ClientEvaluation(
-                partition_id=int(res.metrics[PARTITION_ID]),
-                cluster=int(res.metrics[CLUSTER]),
-                num_samples=res.num_examples,
-                loss=float(res.loss),
-                accuracy=float(res.metrics[ACCURACY]),
-            )
-            for _, res in results
-        ]
-        accuracy, loss, per_cluster = summarise_evaluations(evaluations)
+    def finish_round(
+        self,
+        server_round: int,
+        results: Sequence[tuple[ClientProxy, EvaluateRes]],
+        held_out: Sequence[tuple[ClientProxy, EvaluateRes]] = (),
+    ) -> RoundRecord:
+        """The round's record from the training clients' evaluations (``results``) and, kept apart,
+        the held-out clients' (``heldout_accuracy``: NaN when there are none)."""
+        accuracy, loss, per_cluster = summarise_evaluations(_evaluations(results))
+        heldout_accuracy = summarise_evaluations(_evaluations(held_out))[0] if held_out else float("nan")
         now = time.perf_counter()
         record = RoundRecord(
             round=server_round,
@@ -109,14 +107,29 @@ class RoundTracker:
             bytes_up=self.bytes_up,
             cluster_accuracy=per_cluster,
             ari=self.ari,
+            heldout_accuracy=heldout_accuracy,
         )
         self.records.append(record)
         if self.recorder is not None:
             self.recorder.add(record)
         if self.verbose:
+            held = f"  held-out {heldout_accuracy:.4f}" if held_out else ""
             print(
-                f"round {server_round:>3}/{self.num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
+                f"round {server_round:>3}/{self.num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}{held}  "
                 f"{record.seconds:5.1f} s",
                 flush=True,
             )
         return record
+
+
+def _evaluations(results: Sequence[tuple[ClientProxy, EvaluateRes]]) -> list[ClientEvaluation]:
+    return [
+        ClientEvaluation(
+            partition_id=int(res.metrics[PARTITION_ID]),
+            cluster=int(res.metrics[CLUSTER]),
+            num_samples=res.num_examples,
+            loss=float(res.loss),
+            accuracy=float(res.metrics[ACCURACY]),
+        )
+        for _, res in results
+    ]

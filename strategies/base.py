@@ -10,11 +10,12 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from fedcond.fingerprint import fingerprint_size
 from fedcond.methods import ServerSetup
-from fedcond.protocol import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND
+from fedcond.protocol import FINGERPRINT_MEAN, FINGERPRINT_STD, PARTITION_ID, SERVER_ROUND, STEP, STEP_IDENTITY
 from fedcond.wire import array_to_bytes
 from strategies.accounting import Failures, RoundTracker, by_partition, parameters_bytes, raise_on_failures
-from strategies.setup import all_clients, federated_fingerprint_statistics
+from strategies.setup import all_clients, ask_all, federated_fingerprint_statistics
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
@@ -27,6 +28,12 @@ class FedcondStrategy(Strategy):
     ``evaluate_parameters``) and how returned models are combined (``combine``). Before round 1 the
     strategy checks that one node per client is connected and, for conditioned methods with
     ``normalisation = "federated"``, runs the secure sum of fingerprint statistics.
+
+    Held-out clients (``held-out-clients`` per cluster, partition ids after the training clients)
+    are never asked to train: they only evaluate, each round, the model a method would give them,
+    and their accuracy is recorded apart (``heldout_accuracy``). They do not take part in the secure
+    sum: they stand for clients that join after the federation was set up, so nothing the training
+    clients see may depend on their data; they receive the published mean and standard deviation.
     """
 
     #: Peer-to-peer methods simulate exchanges between clients: server transfers are not counted.
@@ -37,6 +44,7 @@ class FedcondStrategy(Strategy):
         self.tracker = RoundTracker(setup.recorder, setup.config.num_server_rounds, setup.config.verbose)
         self.shared_config: dict[str, Scalar] = {}
         self.setup_bytes = 0
+        self.held_out_cids: set[str] = set()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.setup.config.method})"
@@ -61,9 +69,23 @@ class FedcondStrategy(Strategy):
 
     # -- Flower's Strategy API -------------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        proxies = all_clients(client_manager, self.setup.config)
-        if self.setup.conditioned and self.setup.config.normalisation == "federated":
-            mean, std, self.setup_bytes = federated_fingerprint_statistics(proxies, self.setup.config.fingerprint_dim)
+        config = self.setup.config
+        proxies = all_clients(client_manager, config)
+        if config.held_out_clients:
+            # Which node holds which partition (every result reports it anyway): held-out clients
+            # are the last partition ids, and they must never receive a training instruction.
+            answers = ask_all(proxies, {STEP: STEP_IDENTITY})
+            self.held_out_cids = {
+                proxy.cid
+                for proxy, answer in zip(proxies, answers, strict=True)
+                if int(answer[PARTITION_ID]) >= config.num_training_clients
+            }
+        training = [proxy for proxy in proxies if proxy.cid not in self.held_out_cids]
+        if self.setup.conditioned and config.normalisation == "federated":
+            size = fingerprint_size(
+                config.fingerprint, config.fingerprint_dim, self.setup.num_classes, config.num_clusters
+            )
+            mean, std, self.setup_bytes = federated_fingerprint_statistics(training, size)
             self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
         self.on_setup(proxies)
         return self.initial_global()
@@ -78,11 +100,14 @@ class FedcondStrategy(Strategy):
         server_round: int,
         current: Parameters,
         client_manager: ClientManager,
+        include_held_out: bool = True,
     ) -> list[tuple[ClientProxy, Instruction]]:
         """One instruction per client (every client takes part in every round), bytes counted."""
         config = self.round_config(server_round)
         instructions = [
-            (proxy, instruction(parameters_for(proxy, current), config)) for proxy in client_manager.all().values()
+            (proxy, instruction(parameters_for(proxy, current), config))
+            for proxy in client_manager.all().values()
+            if include_held_out or proxy.cid not in self.held_out_cids
         ]
         if not self.peer_to_peer:
             self.tracker.sent(sum(parameters_bytes(ins.parameters) for _, ins in instructions))
@@ -92,7 +117,10 @@ class FedcondStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         self.tracker.start_round()
-        return self.instruct_all(FitIns, self.fit_parameters, server_round, parameters, client_manager)
+        # Held-out clients never train: they receive evaluation instructions only.
+        return self.instruct_all(
+            FitIns, self.fit_parameters, server_round, parameters, client_manager, include_held_out=False
+        )
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
@@ -111,7 +139,10 @@ class FedcondStrategy(Strategy):
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
     ) -> tuple[float | None, dict[str, Scalar]]:
         raise_on_failures(failures, f"evaluation round {server_round}", results)
-        record = self.tracker.finish_round(server_round, results)
+        training = self.setup.config.num_training_clients
+        held_out = [pair for pair in results if int(pair[1].metrics[PARTITION_ID]) >= training]
+        participating = [pair for pair in results if int(pair[1].metrics[PARTITION_ID]) < training]
+        record = self.tracker.finish_round(server_round, participating, held_out)
         if server_round == self.setup.config.num_server_rounds and self.setup.recorder is not None:
             self.setup.recorder.finish({"setup_bytes": self.setup_bytes})
         return record.loss, {"accuracy": record.accuracy}

@@ -12,7 +12,7 @@ from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder, results_folder
-from fedcond.methods import ServerSetup, get_method
+from fedcond.methods import ServerSetup, check_held_out, get_method
 from fedcond.models import build_run_model, count_parameters
 from fedcond.scenarios import format_summary, scenario_for, validate_without_data
 
@@ -22,6 +22,7 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     validate_without_data(config)
     config = config.resolved()
     method = get_method(config.method)
+    check_held_out(method, config)
     scenario = scenario_for(config)
     model = build_run_model(config, scenario.num_classes, method.conditioned)
     if method.conditioned and config.fingerprint_encoder != "pixels":
@@ -34,6 +35,9 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         "method": {"name": method.name, "summary": method.summary, "conditioned": method.conditioned},
         "scenario": scenario.summary(),
         "model_parameters": count_parameters(model),
+        "conditioning": (
+            {"fingerprint": config.fingerprint, "conditioning": config.conditioning} if method.conditioned else None
+        ),
         "results_folder": str(folder),
     }
     recorder = RunRecorder(folder, config, details, scenario.num_clusters)

@@ -19,14 +19,15 @@ from fedcond.wire import UINT64, array_from_bytes
 
 
 def all_clients(client_manager: ClientManager, config: RunConfig) -> list[ClientProxy]:
-    """Every node, after checking there is exactly one per client of the scenario."""
+    """Every node, after checking there is exactly one per client of the scenario (held-out ones included)."""
     expected = config.num_clients
     client_manager.wait_for(expected, timeout=config.node_timeout)
     found = client_manager.num_available()
     if found != expected:
+        held_out = f" + {config.held_out_clients} held-out" if config.held_out_clients else ""
         raise FedcondError(
-            f"the federation has {found} nodes but num-clusters x clients-per-cluster = "
-            f"{config.num_clusters} x {config.clients_per_cluster} = {expected} "
+            f"the federation has {found} nodes but num-clusters x (clients-per-cluster{held_out}) = "
+            f"{config.num_clusters} x {config.clients_per_cluster + config.held_out_clients} = {expected} "
             f"(waited {config.node_timeout} s); run with "
             f'--federation-config "num-supernodes={expected}" or change clients-per-cluster'
         )

@@ -24,6 +24,8 @@ from tests.test_datasets import write_fake_mnist
         (["num-clustres=2"], "unknown run-config key"),
         (["dataset=mnist", "data-dir=/nonexistent/folder"], "does not exist"),
         (["clients-per-cluster=500"], "lower clients-per-cluster"),
+        (["method=local", "held-out-clients=1"], "held-out-clients has no meaning for local"),
+        (["fingerprint=class-mean", "normalisation=log"], "use normalisation=federated or none"),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_code_2(capsys, settings, message):

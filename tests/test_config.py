@@ -29,6 +29,10 @@ def test_dataset_defaults_are_resolved():
         ({"learning-rate": -1.0}, "learning-rate must be positive"),
         ({"normalisation": "zscore"}, "unknown normalisation"),
         ({"verbose": "maybe"}, "needs a bool"),
+        ({"fingerprint": "pca"}, "unknown fingerprint 'pca'; choose one of eigen, class-mean"),
+        ({"conditioning": "gate"}, "unknown conditioning 'gate'; choose one of concat, film, hyper"),
+        ({"held-out-clients": -1}, "held-out-clients must be 0 or more"),
+        ({"fingerprint": "class-mean", "normalisation": "log"}, "use normalisation=federated or none"),
     ],
 )
 def test_bad_settings_give_one_line_errors(mapping, message):
@@ -52,3 +56,15 @@ def test_cli_assignments_parse_toml_literals():
     }  # fmt: skip
     with pytest.raises(FedcondError, match="not key=value"):
         parse_assignments(["fedavg"])
+
+
+def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless():
+    from fedcond.methods import check_held_out
+
+    config = RunConfig(num_clusters=2, clients_per_cluster=3, held_out_clients=1)
+    assert (config.num_clients, config.num_training_clients) == (8, 6)
+    check_held_out(get_method("conditional"), config)  # global model + own fingerprint: fine
+    for method in ("local", "ifca", "gossip", "dac"):
+        with pytest.raises(FedcondError, match=f"held-out-clients has no meaning for {method}"):
+            check_held_out(get_method(method), config)
+    check_held_out(get_method("local"), RunConfig())  # no held-out clients: nothing to refuse

@@ -45,7 +45,10 @@ class FakeRunner:
             return
         for number in range(1, config.num_server_rounds + 1):
             accuracy = self.accuracy(config, number)
-            record = RoundRecord(number, accuracy, 1.0 / number, 1.0, 1.5, 1.5 * number, 1000, 500)
+            heldout = accuracy - 0.05 if config.held_out_clients else float("nan")
+            record = RoundRecord(
+                number, accuracy, 1.0 / number, 1.0, 1.5, 1.5 * number, 1000, 500, heldout_accuracy=heldout
+            )
             recorder.add(record)
         recorder.finish()
 
@@ -248,3 +251,18 @@ def test_dry_run_lists_the_runs_without_running_them(tmp_path, capsys):
     assert printed[0].startswith("todo  dataset-mnist_num-clusters-2_method-fedavg_seed-0  (10 clients, 10 rounds)")
     assert printed[-1] == "10 runs, 1750 client-rounds in all"
     assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_heldout_accuracy_joins_the_tidy_file_and_summary_only_when_measured(tmp_path):
+    experiment = small_experiment()
+    run_experiment(experiment, default_config(), tmp_path / "plain", FakeRunner(), io.StringIO())
+    with write_metrics(experiment, tmp_path / "plain").open() as handle:
+        assert "heldout_accuracy" not in next(csv.reader(handle))
+    experiment.settings["held-out-clients"] = 1
+    experiment.axes["method"] = ["conditional"]
+    run_experiment(experiment, default_config(), tmp_path / "held", FakeRunner(), io.StringIO())
+    with write_metrics(experiment, tmp_path / "held").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert float(rows[-1]["heldout_accuracy"]) == pytest.approx(float(rows[-1]["accuracy"]) - 0.05)
+    render(tmp_path / "held", "t", "compare", [], [], [])
+    assert "held-out accuracy" in (tmp_path / "held" / "summary.md").read_text()

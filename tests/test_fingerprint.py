@@ -56,3 +56,72 @@ def test_federated_standardisation_matches_pooled_zscore():
     np.testing.assert_allclose(mean, vectors.mean(0))
     np.testing.assert_allclose(std, vectors.std(0))
     np.testing.assert_allclose(fp.standardise(vectors[0], mean, std), (vectors[0] - vectors.mean(0)) / vectors.std(0))
+
+
+# -- pluggable fingerprints: what they are blind to --------------------------------------------------
+@pytest.fixture(scope="module")
+def digit_sample():
+    from fedcond.datasets import load_dataset
+
+    digits = load_dataset("digits")
+    return digits.train_x[:400], digits.train_y[:400]
+
+
+def _changes(name, images, labels):
+    """Relative change of fingerprint ``name`` under a label derangement, rot90 and rot180."""
+    from fedcond.client_data import rotate_images
+
+    def compute(x, y):
+        return fp.compute_fingerprint(name, x, y, 10, 32, 0, 0, 0, 1)
+
+    base = compute(images, labels)
+    permutation = np.roll(np.arange(10), 1)  # every label moves
+    changed = [
+        compute(images, permutation[labels]),
+        compute(rotate_images(images, 90), labels),
+        compute(rotate_images(images, 180), labels),
+    ]
+    return [np.linalg.norm(other - base) / np.linalg.norm(base) for other in changed]
+
+
+def test_eigen_is_blind_to_label_permutation_and_right_angle_rotation(digit_sample):
+    # Both are orthogonal changes of basis of Z = [x || onehot(y)]: the spectrum cannot see them.
+    assert max(_changes("eigen", *digit_sample)) < 1e-10
+
+
+@pytest.mark.parametrize("name", ["class-mean", "label-cov"])
+def test_label_aware_sketches_see_label_permutation_and_rotation(digit_sample, name):
+    assert min(_changes(name, *digit_sample)) > 0.1
+
+
+def test_class_eigen_sees_label_permutation_but_not_right_angle_rotation(digit_sample):
+    permuted, rot90, rot180 = _changes("class-eigen", *digit_sample)
+    assert permuted > 0.05 and max(rot90, rot180) < 1e-10
+
+
+def test_fingerprint_sizes_and_controls():
+    assert fp.fingerprint_size("eigen", 32, 10, 2) == 32 == fp.fingerprint_size("random-id", 32, 10, 2)
+    assert fp.fingerprint_size("class-mean", 32, 10, 2) == 30 == fp.fingerprint_size("class-eigen", 32, 10, 2)
+    assert fp.fingerprint_size("cluster-id", 32, 10, 4) == 4
+    images, labels = np.zeros((4, 1, 4, 4)), np.array([0, 1, 0, 1])
+    ids = [fp.compute_fingerprint("random-id", images, labels, 2, 8, 0, client, 0, 2) for client in (0, 0, 1)]
+    np.testing.assert_array_equal(ids[0], ids[1])
+    assert ids[0].shape == (8,) and not np.allclose(ids[0], ids[2])
+    one_hot = fp.compute_fingerprint("cluster-id", images, labels, 2, 8, 0, 0, 3, 4)
+    np.testing.assert_array_equal(one_hot, [0, 0, 0, 1])
+
+
+def test_sketch_projection_is_public_and_a_missing_class_gives_zeros():
+    np.testing.assert_array_equal(fp.public_projection(64, 3), fp.public_projection(64, 3))
+    rng = np.random.default_rng(5)
+    images, labels = rng.random((20, 1, 8, 8)), np.array([0, 1] * 10)
+    # The run's seed does not enter the sketch: clients of different runs are comparable.
+    first = fp.compute_fingerprint("class-mean", images, labels, 3, 6, 0, 0, 0, 1)
+    np.testing.assert_array_equal(first, fp.compute_fingerprint("class-mean", images, labels, 3, 6, 99, 4, 0, 1))
+    assert first.shape == (6,) and np.all(first[4:] == 0) and np.all(first[:4] != 0)  # class 2 absent
+
+
+def test_log_normalisation_is_only_for_spectra():
+    fp.check_fingerprint("class-eigen", "log")
+    with pytest.raises(FedcondError, match="normalisation=log"):
+        fp.check_fingerprint("random-id", "log")

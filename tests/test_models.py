@@ -18,6 +18,39 @@ def test_output_shape(shape, condition_dim):
     assert model(torch.zeros(5, *shape), condition).shape == (5, 7)
 
 
+@pytest.mark.parametrize(
+    ("conditioning", "extra"),
+    # film: gamma and beta, each Linear(32, 128); hyper: one (classes x (hidden + 1)) head per dimension.
+    [("concat", 32 * 128), ("film", 2 * (32 * 128 + 128)), ("hyper", 32 * 10 * 129)],
+)
+def test_conditioning_parameter_counts(conditioning, extra):
+    plain = 425_738 - 32 * 128
+    assert count_parameters(build_model((1, 28, 28), 10, 32, seed=0, conditioning=conditioning)) == plain + extra
+
+
+def test_concat_keeps_its_seeded_weights_and_film_starts_as_the_plain_network():
+    concat = build_model((1, 8, 8), 10, 4, seed=0)
+    explicit = build_model((1, 8, 8), 10, 4, seed=0, conditioning="concat")
+    for a, b in zip(get_weights(concat), get_weights(explicit), strict=True):
+        np.testing.assert_array_equal(a, b)
+    film = build_model((1, 8, 8), 10, 4, seed=0, conditioning="film")
+    images = torch.rand(3, 1, 8, 8)
+    torch.testing.assert_close(film(images, torch.zeros(1, 4)), film(images, torch.ones(1, 4)))
+
+
+@pytest.mark.parametrize("conditioning", ["concat", "film", "hyper"])
+def test_every_conditioning_trains_and_uses_the_fingerprint(conditioning):
+    model = build_model((1, 8, 8), 10, 4, seed=0, conditioning=conditioning)
+    images, labels = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    loss = torch.nn.functional.cross_entropy(model(images, torch.ones(1, 4)), labels)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * parameter.grad)
+    assert not torch.allclose(model(images, torch.zeros(1, 4)), model(images, torch.ones(1, 4)))
+
+
 def test_conditioning_changes_the_output():
     model = build_model((1, 8, 8), 10, 4, seed=0)
     images = torch.rand(3, 1, 8, 8)

@@ -156,3 +156,22 @@ def test_printed_summary_names_every_cluster_and_the_sizes():
     )
     assert "cluster 0: rotated 0 degrees" in text and "cluster 1: rotated 180 degrees" in text
     assert "2 clusters x 5 clients" in text and "samples per client (min/median/max): train 89/90/90" in text
+
+
+@pytest.mark.parametrize("scenario", ["label-shift", "concept-permutation"])
+def test_held_out_clients_come_after_training_clients_with_their_clusters_data(digits, scenario):
+    config = RunConfig(scenario=scenario, num_clusters=2, clients_per_cluster=3, held_out_clients=1)
+    built = build_scenario(config)
+    assert len(built.clients) == 8 and [c.partition_id for c in built.clients] == list(range(8))
+    training, held_out = built.clients[:6], built.clients[6:]
+    assert not any(c.held_out for c in training) and all(c.held_out for c in held_out)
+    assert [c.cluster for c in held_out] == [0, 1]  # one per cluster
+    for client in held_out:
+        same_cluster = [c for c in training if c.cluster == client.cluster]
+        assert np.array_equal(client.label_map, same_cluster[0].label_map)
+        for other in same_cluster:
+            assert not set(client.train_indices) & set(other.train_indices)
+    assert built.summary()["clients_per_cluster"] == 3 and built.summary()["held_out_clients_per_cluster"] == 1
+    # Without held-out clients the split is unchanged (same ids, same samples as before the feature).
+    plain = build_scenario(config.replace(held_out_clients=0))
+    assert len(plain.clients) == 6 and not any(c.held_out for c in plain.clients)

@@ -39,6 +39,7 @@ def test_short_simulation_writes_a_finite_complete_history(tmp_path, method):
         assert (int(row["bytes_up"]) > 0) == (method != "local")
         # IFCA records how well its choices recover the true clusters; no other method has choices.
         assert math.isfinite(float(row["ari"])) == (method == "ifca")
+        assert math.isnan(float(row["heldout_accuracy"]))  # no held-out clients
     assert info["status"] == "finished" and info["rounds_completed"] == 2
     if method == "ifca":  # all K=2 models go down each training round, one model each evaluation
         fedavg_down = 4 * 2 * info["model_parameters"] * 4  # 4 clients x (fit + evaluate) x float32
@@ -84,3 +85,20 @@ def test_every_scenario_runs_through_flower(tmp_path, scenario):
     rows, info = read_history(tmp_path / "results")
     assert len(rows) == 1 and math.isfinite(float(rows[0]["accuracy"])) and info["status"] == "finished"
     assert info["scenario"]["scenario"] == scenario and len(info["scenario"]["clusters"]) == 2
+
+
+def test_held_out_clients_never_train_and_are_reported_apart(tmp_path):
+    config = RunConfig(
+        method="conditional", fingerprint="class-mean", conditioning="hyper", num_clusters=2, clients_per_cluster=2,
+        held_out_clients=1, num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path / "r"), verbose=False,
+    )  # fmt: skip
+    simulate(config)  # 6 nodes: 4 training clients, then 1 held-out client per cluster
+    rows, info = read_history(tmp_path / "r")
+    assert info["status"] == "finished" and info["scenario"]["held_out_clients_per_cluster"] == 1
+    model_bytes = info["model_parameters"] * 4  # float32
+    for row in rows:
+        assert 0.0 <= float(row["heldout_accuracy"]) <= 1.0
+        # Only the 4 training clients return a model; all 6 receive one to evaluate.
+        assert int(row["bytes_up"]) == pytest.approx(4 * model_bytes, rel=0.01)
+        assert int(row["bytes_down"]) == pytest.approx((4 + 6) * model_bytes, rel=0.01)
+    assert info["final_heldout_accuracy"] == float(rows[-1]["heldout_accuracy"])
