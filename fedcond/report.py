@@ -337,7 +337,8 @@ def render(out: Path, title: str, kind: str, specs: Sequence[TableSpec], setting
     """Write the reports of a results folder from its ``metrics.csv``; returns what to print.
 
     A comparison gets ``summary.md`` and ``convergence.png``; a sweep gets ``tables.md`` with one
-    figure per table, and ``summary.md`` with a ranked table per scenario point.
+    figure per table, and ``summary.md`` with a ranked table and a convergence plot
+    (``convergence-N.png``) per scenario point.
     """
     rows = read_metrics(out / "metrics.csv")
     if kind == "compare":
@@ -346,9 +347,10 @@ def render(out: Path, title: str, kind: str, specs: Sequence[TableSpec], setting
             convergence_plot(rows, out / "convergence.png", f"{title}: {scenario_line(rows)}")
         return summary_table(summarise(rows)) if rows else "no run finished"
     sections = [f"# {title}: every scenario point", ""]
-    for point_rows in scenario_groups(rows, setting_columns).values():
+    for number, point_rows in enumerate(scenario_groups(rows, setting_columns).values(), start=1):
         labels = ", ".join(f"{c}={point_rows[0][c]}" for c in setting_columns if point_rows[0][c] != "")
-        sections += [f"## {labels}", "", summary_table(summarise(point_rows)), ""]
+        figure = convergence_plot(point_rows, out / f"convergence-{number}.png", scenario_line(point_rows))
+        sections += [f"## {labels}", "", summary_table(summarise(point_rows)), "", f"![convergence]({figure.name})", ""]
     if failures:
         sections += ["Runs that did not finish:", ""] + [f"- `{name}`: {status}" for name, status in failures]
     (out / "summary.md").write_text("\n".join(sections) + "\n")

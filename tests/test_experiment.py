@@ -191,7 +191,8 @@ def test_sweep_reports_and_figures_come_from_the_tidy_file(tmp_path):
     assert "## E1" in tables and "![E1](table-1.png)" in tables
     assert (tmp_path / "table-1.png").stat().st_size > 10_000
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.count("| rank | method") == 2  # one ranked table per K
+    assert summary.count("| rank | method") == 2  # one ranked table and convergence plot per K
+    assert "![convergence](convergence-2.png)" in summary and (tmp_path / "convergence-2.png").is_file()
     render(tmp_path, "compare", "compare", [], [], [])
     assert (tmp_path / "convergence.png").stat().st_size > 10_000
 
