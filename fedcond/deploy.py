@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ CERTIFICATE_SCRIPT = Path("scripts") / "generate-certificates.sh"
 RESERVED_PORTS = frozenset(range(9091, 9096)) | frozenset(range(39091, 39096))
 CONNECTION = "fedcond-local"  # the connection name deploy-local writes into its private FLWR_HOME
 START_TIMEOUT = 120.0  # seconds the SuperLink may take to listen (imports are slow on a busy machine)
+# Environment variable marking every process one deploy-local started (see Processes.stop_all).
+DEPLOY_TAG = "FEDCOND_DEPLOY_TAG"
 STOP_GRACE = 15.0  # seconds between SIGTERM and SIGKILL: a SuperNode takes ~8 s to shut down
 
 
@@ -179,11 +182,27 @@ def _signal(pid: int, signum: int, group: bool) -> None:
             os.kill(pid, signum)
 
 
+def tagged(tag: str) -> set[int]:
+    """Live processes whose environment carries ``DEPLOY_TAG=tag``: everything a launch started,
+    however deep, even after its parent died and it was handed to init."""
+    needle = f"{DEPLOY_TAG}={tag}".encode()
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                found.add(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue
+    return {pid for pid in found if alive(pid)}
+
+
 class Processes:
     """Every process the launcher starts, each in its own session, all stopped together."""
 
     def __init__(self, environment: dict[str, str], log_folder: Path) -> None:
-        self.environment = environment
+        # Every child inherits the tag, so stop_all finds processes started while it was stopping.
+        self.tag = uuid.uuid4().hex
+        self.environment = {**environment, DEPLOY_TAG: self.tag}
         self.log_folder = log_folder
         self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
 
@@ -212,7 +231,7 @@ class Processes:
     def stop_all(self) -> None:
         """SIGTERM every process and its descendants, SIGKILL what is left after ``STOP_GRACE``."""
         leaders = {process.pid for _, process in self.started if process.poll() is None}
-        family = descendants(leaders)  # gathered first: once a parent exits its children are orphans
+        family = descendants(leaders) | tagged(self.tag)  # before parents exit and orphan them
         for pid in leaders:
             _signal(pid, signal.SIGTERM, group=True)
         for pid in family:
@@ -221,12 +240,20 @@ class Processes:
         while time.monotonic() < deadline and any(alive(pid) for pid in leaders | family):
             for _, process in self.started:
                 process.poll()  # reap our own children so they don't linger as zombies
+            # A SuperNode may start a ClientApp process while shutting down: stop late arrivals too.
+            for pid in tagged(self.tag) - family:
+                family.add(pid)
+                _signal(pid, signal.SIGTERM, group=False)
             time.sleep(0.2)
         for pid in leaders:
             _signal(pid, signal.SIGKILL, group=True)
-        for pid in family:
-            if alive(pid):
+        for _ in range(5):
+            left = {pid for pid in family if alive(pid)} | tagged(self.tag)
+            if not left:
+                break
+            for pid in left:
                 _signal(pid, signal.SIGKILL, group=False)
+            time.sleep(0.2)
         for _, process in self.started:
             with suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
