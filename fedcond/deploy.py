@@ -274,13 +274,16 @@ def wait_until_listening(port: int, process: subprocess.Popen[bytes], log: Path)
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a killed terminal, a CI timeout) takes the same clean-up path as Ctrl+C."""
+    """SIGTERM (a killed terminal, a CI timeout) and SIGINT take the Ctrl+C clean-up path."""
 
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
     try:
         previous = signal.signal(signal.SIGTERM, interrupt)
+        # A launcher started in the background (`cmd &`, nohup, some CI runners) inherits SIGINT
+        # ignored, and Python then never raises KeyboardInterrupt: Ctrl+C must still clean up.
+        previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
@@ -288,6 +291,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_interrupt)
 
 
 def settings_from(assignments: Sequence[str], override_file: str | None) -> RunConfig:
