@@ -92,12 +92,17 @@ def read_override_file(path: str | None) -> dict[str, object]:
         raise FedcondError(f"{path} is not valid TOML ({error}); fix the file") from None
 
 
+def read_overrides(assignments: Sequence[str], override_file: str | None) -> dict[str, object]:
+    """An experiment file's settings, then the command line's ``key=value`` words over them."""
+    return {**read_override_file(override_file), **parse_assignments(assignments)}
+
+
 def prepare(assignments: Sequence[str], override_file: str | None = None) -> tuple[RunConfig, dict[str, object]]:
     """Validate everything (data files included) before Flower starts, and fill the results folder."""
     from fedcond.methods import check_held_out, get_method
     from fedcond.scenarios import scenario_for, validate_without_data
 
-    overrides = {**read_override_file(override_file), **parse_assignments(assignments)}
+    overrides = read_overrides(assignments, override_file)
     config = RunConfig.from_mapping({**default_config(), **overrides})
     validate_without_data(config)
     check_held_out(get_method(config.method), config)
@@ -199,8 +204,7 @@ def compare(arguments: argparse.Namespace) -> int:
         "num-server-rounds": arguments.rounds,
     }
     settings = {
-        **read_override_file(arguments.config),
-        **parse_assignments(arguments.settings),
+        **read_overrides(arguments.settings, arguments.config),
         **{key: value for key, value in flags.items() if value is not None},
     }
     for key in ("method", "seed"):
@@ -222,7 +226,6 @@ def sweep(arguments: argparse.Namespace) -> int:
 
 
 def add_resource_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dry-run", action="store_true", help="list the runs (and which are done) and stop")
     parser.add_argument("--cpus-per-client", type=int, default=1, help="Ray CPUs per virtual client (default 1)")
     parser.add_argument(
         "--gpus-per-client", type=float, default=None, help="GPU share per virtual client (0.25 with CUDA, else 0)"
@@ -243,14 +246,14 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
     compare_parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     compare_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
     compare_parser.add_argument("--title", help="title of summary.md and the plot")
-    compare_parser.add_argument("--out", required=True, metavar="DIR", help="results folder; rerun to resume")
-    add_resource_flags(compare_parser)
     sweep_parser = commands.add_parser("sweep", help="a grid file of runs: metrics.csv, tables.md, figures")
     sweep_parser.add_argument("grid", help="grid file, e.g. experiments/e1-k-sweep.toml")
     sweep_parser.add_argument("settings", nargs="*", help="fixed settings to add, e.g. data-dir=/data")
     sweep_parser.add_argument("--profile", help="a [profiles.NAME] of the grid file, e.g. quick")
-    sweep_parser.add_argument("--out", required=True, metavar="DIR", help="results folder; rerun to resume")
-    add_resource_flags(sweep_parser)
+    for experiment_parser in (compare_parser, sweep_parser):
+        experiment_parser.add_argument("--out", required=True, metavar="DIR", help="results folder; rerun to resume")
+        experiment_parser.add_argument("--dry-run", action="store_true", help="list the runs (and which are done)")
+        add_resource_flags(experiment_parser)
     report_parser = commands.add_parser("report", help="redraw the tables and figures of a compare or sweep folder")
     report_parser.add_argument("out", metavar="DIR")
 

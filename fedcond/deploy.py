@@ -28,9 +28,8 @@ from fedcond.cli import (
     OFFLINE_ENVIRONMENT,
     app_directory,
     default_config,
-    parse_assignments,
     prepare,
-    read_override_file,
+    read_overrides,
     to_run_config_string,
 )
 from fedcond.config import RunConfig
@@ -296,8 +295,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def settings_from(assignments: Sequence[str], override_file: str | None) -> RunConfig:
     """The run configuration from defaults, an experiment file and ``key=value`` words."""
-    overrides = {**read_override_file(override_file), **parse_assignments(assignments)}
-    return RunConfig.from_mapping({**default_config(), **overrides})
+    return RunConfig.from_mapping({**default_config(), **read_overrides(assignments, override_file)})
 
 
 def export_partitions_command(assignments: Sequence[str], out: str, override_file: str | None = None) -> int:
