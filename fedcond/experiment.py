@@ -275,8 +275,10 @@ class Progress:
         rounds = run.config.num_server_rounds
 
         def report() -> None:
-            seen = 0
-            while not stop.wait(self.interval):
+            seen, finished = 0, False
+            while not finished:
+                # One last read after the run returns: its final rounds may land between polls.
+                finished = stop.wait(self.interval)
                 rows = read_history(folder / "history.csv")
                 for row in rows[seen:]:
                     done = self.rounds_done + int(row["round"])

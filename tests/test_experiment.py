@@ -119,6 +119,13 @@ def test_progress_names_the_run_the_round_and_the_time_left(tmp_path):
     assert "round 3/3 accuracy" in text and "left" in text
 
 
+def test_progress_shows_every_round_even_of_a_run_faster_than_its_polling(tmp_path):
+    stream = io.StringIO()
+    run_experiment(small_experiment(), default_config(), tmp_path, FakeRunner(), stream)
+    for position in range(1, 5):
+        assert stream.getvalue().count(f"  [{position}/4] ") == 3  # one line per round of each run
+
+
 class SlowRunner(FakeRunner):
     """Gives the progress watcher time to see the rounds appear."""
 
