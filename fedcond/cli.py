@@ -10,6 +10,7 @@ files included) before Flower starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -165,9 +166,8 @@ def run(
 
 def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> Callable[[RunConfig], None]:
     """Runs one configuration as an in-process Flower simulation (ServerApp thread, Ray clients)."""
-    from strategies.simulation import simulate
-
     from fedcond.pooled import run_pooled
+    from strategies.simulation import simulate
 
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     for name, value in OFFLINE_ENVIRONMENT.items():
@@ -175,10 +175,9 @@ def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> 
 
     def run_one(config: RunConfig) -> None:
         if is_pooled(config):
-            try:
+            # A failure is recorded in the run's folder (status failed); the experiment goes on.
+            with contextlib.suppress(FedcondError):
                 run_pooled(config)
-            except FedcondError:
-                pass  # recorded in the run's folder as failed; the experiment goes on
         else:
             simulate(config, cpus_per_client=cpus_per_client, gpus_per_client=gpus, quiet=True)
 
