@@ -20,7 +20,7 @@ from flwr.common import Context
 from fedcond.client_data import ClientData, load_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.methods import get_method
+from fedcond.methods import check_federated, get_method
 
 
 def build_client(context: Context, config: RunConfig) -> Client:
@@ -35,8 +35,9 @@ def build_client(context: Context, config: RunConfig) -> Client:
     if "data-dir" in context.node_config:
         config = config.replace(data_dir=str(context.node_config["data-dir"]))
     method = get_method(config.method)
+    check_federated(method)
     data = node_data(context, config, partition_id)
-    return method.make_client(config, data, context, method.conditioned).to_client()
+    return method.make_client(config, data, context, method.conditioned).to_client()  # type: ignore[misc]
 
 
 def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientData:

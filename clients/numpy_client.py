@@ -12,7 +12,7 @@ from flwr.common import ArrayRecord, ConfigRecord, Context
 
 from fedcond import fingerprint as fp
 from fedcond import secure_sum
-from fedcond.client_data import ClientData
+from fedcond.client_data import ClientData, client_fingerprint
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
@@ -104,41 +104,19 @@ class FedcondClient(NumPyClient):
     # -- the fingerprint: computed once, on local training data only, kept in client state --------
     def raw_fingerprint(self) -> np.ndarray:
         if FINGERPRINT_KEY not in self.state.array_records:
-            needs_data = self.config.fingerprint not in ("random-id", "cluster-id")
-            vector = fp.compute_fingerprint(
-                self.config.fingerprint,
-                self.features() if needs_data else self.data.train_x,
-                self.data.train_y,
-                self.data.num_classes,
-                self.config.fingerprint_dim,
-                self.config.seed,
-                self.data.partition_id,
-                self.data.cluster,
-                self.config.num_clusters,
-            )
+            vector = client_fingerprint(self.config, self.data)
             self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
         return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]
-
-    def features(self) -> np.ndarray:
-        """phi(x) of the training images: the pixels, or the frozen encoder's embedding."""
-        if self.config.fingerprint_encoder == "pixels":
-            return self.data.train_x
-        from fedcond.encoder import embed
-
-        return embed(self.data.train_x, self.config.fingerprint_encoder, self.config.resolved_data_dir())
 
     def condition(self, config: dict[str, object]) -> np.ndarray | None:
         """The normalised fingerprint the model is fed, or None for an unconditioned method."""
         if not self.conditioned:
             return None
-        raw = self.raw_fingerprint()
-        if self.config.normalisation == "log":
-            return fp.log_scale(raw)
+        mean = std = None
         if self.config.normalisation == "federated":
             mean = array_from_bytes(config.get(FINGERPRINT_MEAN), FINGERPRINT_MEAN)
             std = array_from_bytes(config.get(FINGERPRINT_STD), FINGERPRINT_STD)
-            return fp.standardise(raw, mean, std)
-        return raw
+        return fp.normalise(self.raw_fingerprint(), self.config.normalisation, mean, std)
 
     # -- Flower's entry points: a FedcondError becomes a one-line report, not a traceback ---------------
     def fit(

@@ -10,6 +10,7 @@ files included) before Flower starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -127,6 +128,12 @@ def run(
     assignments: Sequence[str], cpus_per_client: int, gpus_per_client: float | None, override_file: str | None = None
 ) -> int:
     config, overrides = prepare(assignments, override_file)
+    if is_pooled(config):
+        # The paper's centralised protocol has no federation to start: it trains right here.
+        from fedcond.pooled import run_pooled
+
+        run_pooled(RunConfig.from_mapping({**default_config(), **overrides}))
+        return 0
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     flwr = str(Path(sys.executable).with_name("flwr"))
     if not Path(flwr).is_file():
@@ -159,12 +166,29 @@ def run(
 
 def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> Callable[[RunConfig], None]:
     """Runs one configuration as an in-process Flower simulation (ServerApp thread, Ray clients)."""
+    from fedcond.pooled import run_pooled
     from strategies.simulation import simulate
 
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     for name, value in OFFLINE_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    return lambda config: simulate(config, cpus_per_client=cpus_per_client, gpus_per_client=gpus, quiet=True)
+
+    def run_one(config: RunConfig) -> None:
+        if is_pooled(config):
+            # A failure is recorded in the run's folder (status failed); the experiment goes on.
+            with contextlib.suppress(FedcondError):
+                run_pooled(config)
+        else:
+            simulate(config, cpus_per_client=cpus_per_client, gpus_per_client=gpus, quiet=True)
+
+    return run_one
+
+
+def is_pooled(config: RunConfig) -> bool:
+    """True for the paper's centralised protocol (``pooled-*`` methods), which runs without Flower."""
+    from fedcond.methods import get_method
+
+    return get_method(config.method).protocol == "pooled"
 
 
 def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, arguments: argparse.Namespace) -> int:

@@ -102,16 +102,30 @@ def column_name(axis: str) -> str:
     return axis.replace("-", "_")
 
 
-def expand_methods(values: Sequence[Any] | str) -> list[str]:
-    """``all`` (or a list holding it) is every registered method, in the registry's order."""
-    from fedcond.methods import get_method, registry
+def expand_methods(values: Sequence[Any] | str) -> list[Any]:
+    """Method names, in the given order; ``all`` stands for every federated method and ``pooled``
+    for the three pooled references (the paper's own protocol), each in the registry's order.
 
-    names = [values] if isinstance(values, str) else [str(value) for value in values]
-    if "all" in names:
-        return list(registry())
-    for name in names:
-        get_method(name)  # unknown names stop here with the list of known ones
-    return names
+    A method value may also be a bundle, ``{ label = "recommended", method = "conditional",
+    fingerprint = "class-mean", ... }``: a named variant whose label is its name in every table.
+    """
+    from fedcond.methods import get_method, method_names
+
+    entries = [values] if isinstance(values, str) else list(values)
+    expanded: list[Any] = []
+    for entry in entries:
+        if isinstance(entry, Mapping):
+            if "method" not in entry or "label" not in entry:
+                raise FedcondError(f"a method bundle needs 'label' and 'method' keys, got {dict(entry)}")
+            get_method(str(entry["method"]))
+            expanded.append(dict(entry))
+        elif str(entry) in ("all", "pooled"):
+            expanded += [name for name in method_names(str(entry)) if name not in expanded]
+        else:
+            get_method(str(entry))  # unknown names stop here with the list of known ones
+            if str(entry) not in expanded:
+                expanded.append(str(entry))
+    return expanded
 
 
 def parse_list(text: str, what: str) -> list[str]:
@@ -412,7 +426,8 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
             tidy: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
             tidy.update({key: config.get(key, VARIANT_DEFAULTS[key]) for key in VARIANT_COLUMNS})
             tidy.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
-            tidy.update({"method": config["method"], "seed": config["seed"]})
+            # A method bundle (a named variant) is known by its label, not by its base method.
+            tidy.update({"method": run.labels.get("method", config["method"]), "seed": config["seed"]})
             tidy.update({column: row.get(column, "") for column in METRIC_COLUMNS})
             tidy.update({column: row[column] for column in OPTIONAL_METRIC_COLUMNS if column in row})
             yield tidy

@@ -40,10 +40,13 @@ class Method:
     name: str
     summary: str
     conditioned: bool
-    make_client: Callable[[RunConfig, ClientData, Context, bool], NumPyClient]
-    make_strategy: Callable[[ServerSetup], Strategy]
+    #: None for the pooled reference methods, which train centrally, in-process, without Flower.
+    make_client: Callable[[RunConfig, ClientData, Context, bool], NumPyClient] | None
+    make_strategy: Callable[[ServerSetup], Strategy] | None
     #: What a held-out client (one that never trains) is evaluated with; empty: no meaning here.
     held_out_model: str = ""
+    #: "federated" (Flower rounds) or "pooled" (the paper's centralised protocol, ``fedcond.pooled``).
+    protocol: str = "federated"
 
 
 @functools.cache
@@ -73,6 +76,13 @@ def registry() -> dict[str, Method]:
                "the global model (it has no personal model)"),
         Method("gossip", "random pairwise averaging of per-client models", False, FedcondClient, GossipStrategy),
         Method("dac", "averaging with the top-k cosine-similar peers", False, FedcondClient, DacStrategy),
+        # The paper's own protocol, centrally pooled (a reference, not a federated method).
+        Method("pooled-conditional", "the paper's protocol: one conditioned CNN on all clients' pooled data", True,
+               None, None, "the pooled model fed its own fingerprint", "pooled"),
+        Method("pooled-oracle", "the paper's protocol: one CNN per true cluster on its pooled data", False,
+               None, None, "its true cluster's model", "pooled"),
+        Method("pooled-global", "the paper's protocol: one CNN on all clients' pooled data", False,
+               None, None, "the pooled model", "pooled"),
     )
     # fmt: on
     return {method.name: method for method in methods}
@@ -93,4 +103,19 @@ def check_held_out(method: Method, config: RunConfig) -> None:
         raise FedcondError(
             f"held-out-clients has no meaning for {method.name} (a client that never trains has no model of "
             f"its own there); set held-out-clients=0 or use one of {supported}"
+        )
+
+
+def method_names(selection: str) -> list[str]:
+    """``all``: every federated method (the paper's comparison); ``pooled``: the pooled reference family."""
+    protocol = "pooled" if selection == "pooled" else "federated"
+    return [name for name, method in registry().items() if method.protocol == protocol]
+
+
+def check_federated(method: Method) -> None:
+    """Flower runs only federated methods; the pooled ones train in-process (``fedcond run`` does that)."""
+    if method.make_client is None or method.make_strategy is None:
+        raise FedcondError(
+            f"{method.name} is the paper's centrally pooled protocol, not a federation; run it with "
+            "fedcond run, compare or sweep (they train it in-process), not with flwr run"
         )

@@ -12,7 +12,7 @@ from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder, results_folder
-from fedcond.methods import ServerSetup, check_held_out, get_method
+from fedcond.methods import ServerSetup, check_federated, check_held_out, get_method
 from fedcond.models import build_run_model, count_parameters
 from fedcond.scenarios import format_summary, scenario_for, validate_without_data
 
@@ -22,6 +22,7 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     validate_without_data(config)
     config = config.resolved()
     method = get_method(config.method)
+    check_federated(method)
     check_held_out(method, config)
     scenario = scenario_for(config)
     model = build_run_model(config, scenario.num_classes, method.conditioned)
@@ -47,7 +48,7 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         print(f"fedcond: results folder {folder}", flush=True)
     setup = ServerSetup(config, scenario.num_classes, scenario.num_clusters, method.conditioned, recorder)
     try:
-        strategy = method.make_strategy(setup)
+        strategy = method.make_strategy(setup)  # type: ignore[misc]  # check_federated: not None
         start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=config.num_server_rounds))
     except FedcondError as error:
         recorder.fail(str(error))
