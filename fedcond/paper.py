@@ -187,7 +187,7 @@ def paper_setting(row: Mapping[str, object]) -> PaperSetting | str:
     """The paper's name for the setting of one of our tidy rows, or why the paper has none."""
     method, scenario, dataset = str(row["method"]), str(row["scenario"]), str(row["dataset"])
     if method not in METHODS:
-        return f"the paper has no method like {method}"
+        return f"{method} is none of the paper's methods (a named variant of ours has no published number)"
     if METHODS[method] == "Conditional":
         # Rows written before these settings existed ran the paper's method.
         fingerprint = str(row.get("fingerprint") or PAPER_FINGERPRINT)
