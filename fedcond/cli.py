@@ -218,6 +218,39 @@ def report(out: Path) -> int:
     return 0
 
 
+def display_path(path: Path) -> str:
+    """A path as the user would type it from here: relative to the working directory when inside it,
+    so a generated file names no machine's absolute paths."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def reproduction(folders: Sequence[str], out: str, notes: str | None) -> int:
+    """``fedcond reproduction``: the hand-written notes, then every folder's results beside the paper's."""
+    from fedcond.report import GENERATED_MARKER, NOTES_FILE, reproduction_markdown
+
+    out_path = Path(out)
+    notes_path = Path(notes) if notes else out_path.parent / NOTES_FILE
+    if not notes_path.is_file():
+        raise FedcondError(
+            f"no notes file {notes_path}; write the hand-written part of the report there or pass --notes"
+        )
+    if out_path.is_file() and not out_path.read_text().startswith(GENERATED_MARKER):
+        # Never overwrite prose: it belongs in the notes file, which is included verbatim.
+        raise FedcondError(f"{out_path} was written by hand; move its prose into {notes_path}, then delete it")
+    command = " ".join(
+        ["fedcond reproduction", *map(display_path, map(Path, folders)), "--out", display_path(out_path)]
+        + (["--notes", display_path(notes_path)] if notes else [])
+    )
+    text = reproduction_markdown([Path(folder) for folder in folders], notes_path.read_text(), command, out_path.parent)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(text)
+    print(f"fedcond: {out_path} written from {len(folders)} results folder(s) and {notes_path}")
+    return 0
+
+
 def compare(arguments: argparse.Namespace) -> int:
     """``fedcond compare``: every listed method (and seed) on one scenario."""
     flags = {
@@ -280,6 +313,16 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
         add_resource_flags(experiment_parser)
     report_parser = commands.add_parser("report", help="redraw the tables and figures of a compare or sweep folder")
     report_parser.add_argument("out", metavar="DIR")
+    reproduction_parser = commands.add_parser(
+        "reproduction", help="one Markdown report: hand-written notes, then every folder's results beside the paper's"
+    )
+    reproduction_parser.add_argument("folders", nargs="+", metavar="DIR", help="compare or sweep --out folders")
+    reproduction_parser.add_argument("--out", required=True, metavar="FILE", help="e.g. experiments/REPRODUCTION.md")
+    reproduction_parser.add_argument(
+        "--notes",
+        metavar="FILE",
+        help="hand-written preamble, included verbatim (default: reproduction-notes.md beside --out)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -310,6 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return compare(arguments) if arguments.command == "compare" else sweep(arguments)
         if arguments.command == "report":
             return report(Path(arguments.out))
+        if arguments.command == "reproduction":
+            return reproduction(arguments.folders, arguments.out, arguments.notes)
         if arguments.command in ("deploy-local", "export-partitions"):
             from fedcond import deploy  # imports this module: loaded on use
 

@@ -29,6 +29,10 @@ from fedcond.history import run_status
 
 # Every tidy row names the scenario it came from, so results of several experiments concatenate.
 SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
+# Which variant of the conditional method a run is: the paper's numbers exist for one of them only,
+# so every tidy row names it (runs recorded before these settings existed ran the defaults).
+VARIANT_COLUMNS = ("fingerprint", "conditioning")
+VARIANT_DEFAULTS = {key: getattr(RunConfig(), key) for key in VARIANT_COLUMNS}
 RUN_COLUMNS = ("method", "seed")
 METRIC_COLUMNS = (
     "round", "accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari", "train_loss", "elapsed_seconds",
@@ -420,6 +424,7 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
         config = json.loads((folder / "run.json").read_text())["config"]
         for row in read_history(folder / "history.csv"):
             tidy: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
+            tidy.update({key: config.get(key, VARIANT_DEFAULTS[key]) for key in VARIANT_COLUMNS})
             tidy.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
             # A method bundle (a named variant) is known by its label, not by its base method.
             tidy.update({"method": run.labels.get("method", config["method"]), "seed": config["seed"]})
@@ -433,7 +438,9 @@ def write_metrics(experiment: Experiment, out: Path) -> Path:
     rows = list(tidy_rows(experiment, out))
     # An optional column earns its place only where some run measured it (not NaN throughout).
     optional = [c for c in OPTIONAL_METRIC_COLUMNS if any(math.isfinite(as_float(row.get(c, ""))) for row in rows)]
-    columns = [*map(column_name, experiment.setting_axes), *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
+    settings = list(map(column_name, experiment.setting_axes))
+    variants = [column for column in VARIANT_COLUMNS if column not in settings]  # a grid may sweep them
+    columns = [*settings, *variants, *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
     path = out / METRICS_FILE
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, columns, restval="", extrasaction="ignore")
