@@ -89,3 +89,15 @@ def test_every_experiment_file_is_a_valid_configuration(path):
 def test_missing_experiment_file_is_reported(capsys):
     assert main(["run", "--config", "experiments/nope.toml"]) == 2
     assert "no experiment file" in capsys.readouterr().err
+
+
+def test_recommended_configuration_combines_with_any_experiment():
+    """It must not pin a dataset or scenario (grids and --config runs add them), and must stay conditional."""
+    from fedcond.cli import read_override_file, read_overrides
+
+    path = str(Path(__file__).resolve().parents[1] / "experiments" / "recommended.toml")
+    recommended = read_override_file(path)
+    assert not {"dataset", "scenario", "num-clusters", "data-fraction"} & set(recommended)
+    assert recommended == {"method": "conditional", "fingerprint": "class-mean", "conditioning": "hyper"}
+    merged = read_overrides(["dataset=mnist", "scenario=concept-permutation"], path)
+    assert merged["dataset"] == "mnist" and merged["conditioning"] == "hyper"
