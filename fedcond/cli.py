@@ -33,6 +33,7 @@ from fedcond.experiment import (
     parse_seeds,
     read_grid_file,
     run_experiment,
+    runs_not_started,
     write_metrics,
 )
 from fedcond.history import run_status, unused_run_folder
@@ -212,6 +213,9 @@ def report(out: Path) -> int:
                   [column_name(axis) for axis in experiment.setting_axes], failures)  # fmt: skip
     print(text)
     print(f"fedcond: metrics.csv and reports written to {out}")
+    not_started = runs_not_started(experiment, out)
+    if not_started:
+        print(f"fedcond: {len(not_started)} planned run(s) not run yet; run the same sweep again to run them")
     if failures:
         print(f"fedcond: error: {len(failures)} run(s) did not finish; see summary.md", file=sys.stderr)
         return 1

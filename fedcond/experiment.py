@@ -396,6 +396,10 @@ def record_experiment(experiment: Experiment, out: Path) -> None:
     data = experiment.to_json()
     if path.exists():
         existing = json.loads(path.read_text())
+        # The folder's experiment is every axis value ever run into it: a sweep of a subset (a
+        # profile, fewer methods) adds to it, and the report covers all of it.
+        for axis, values in existing.get("axes", {}).items():
+            data["axes"][axis] = [*values, *(value for value in data["axes"].get(axis, []) if value not in values)]
         before, now = existing.get("settings", {}), data["settings"]
         differing = sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
         if differing or existing.get("kind") != data["kind"]:
@@ -450,10 +454,16 @@ def write_metrics(experiment: Experiment, out: Path) -> Path:
 
 
 def failed_runs(experiment: Experiment, out: Path) -> list[tuple[str, str]]:
-    """(run, status) of every grid point that has not finished."""
+    """(run, status) of every grid point that started and has not finished (not those never started)."""
     runs_dir = (out / "runs").resolve()
     statuses = ((run.name, run_status(runs_dir / run.name)) for run in plan(experiment, {}, runs_dir))
-    return [(name, status) for name, status in statuses if status != "finished"]
+    return [(name, status) for name, status in statuses if status not in ("finished", "missing")]
+
+
+def runs_not_started(experiment: Experiment, out: Path) -> list[str]:
+    """Grid points with no run folder yet (a sweep of a subset, or one stopped early)."""
+    runs_dir = (out / "runs").resolve()
+    return [run.name for run in plan(experiment, {}, runs_dir) if run_status(runs_dir / run.name) == "missing"]
 
 
 def as_float(text: str) -> float:
