@@ -18,7 +18,7 @@ import numpy as np
 from fedcond.config import RunConfig
 from fedcond.datasets import load_dataset
 from fedcond.errors import FedcondError
-from fedcond.scenarios import ClientPartition, scenario_for
+from fedcond.scenarios import SPLIT_KEYS, ClientPartition, scenario_for, split_settings
 
 
 @dataclass(frozen=True)
@@ -76,26 +76,6 @@ def load_client_data(config: RunConfig, partition_id: int) -> ClientData:
         (dataset.train_y, dataset.test_y),
         scenario.num_classes,
     )
-
-
-# The settings that decide which samples a client holds (the same ones that key ``scenario_for``'s
-# cache): a partition file records them, so a client never trains on a split the run didn't ask for.
-SPLIT_KEYS = (
-    "dataset",
-    "scenario",
-    "num-clusters",
-    "clients-per-cluster",
-    "seed",
-    "rotations",
-    "data-fraction",
-    "covariate-clusters",
-)
-
-
-def split_settings(config: RunConfig) -> dict[str, object]:
-    """``config``'s values of ``SPLIT_KEYS``."""
-    mapping = config.to_mapping()
-    return {key: mapping[key] for key in SPLIT_KEYS}
 
 
 def partition_file_name(partition_id: int) -> str:

@@ -197,8 +197,10 @@ def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
     return path
 
 
-def _final_accuracies(rows: Sequence[Row], keys: Sequence[str]) -> dict[tuple[str, ...], list[float]]:
-    """Final-round accuracy of every run, grouped by the values of ``keys`` (pooling seeds and any
+def _final_accuracies(
+    rows: Sequence[Row], keys: Sequence[str], metric: str = "accuracy"
+) -> dict[tuple[str, ...], list[float]]:
+    """Final-round ``metric`` of every run, grouped by the values of ``keys`` (pooling seeds and any
     axis that ``keys`` leave out)."""
     finals: dict[tuple[str, ...], list[float]] = defaultdict(list)
     last: dict[tuple[str, ...], Row] = {}
@@ -208,7 +210,7 @@ def _final_accuracies(rows: Sequence[Row], keys: Sequence[str]) -> dict[tuple[st
         if run not in last or int(row["round"]) > int(last[run]["round"]):
             last[run] = row
     for row in last.values():
-        finals[tuple(row[key] for key in keys)].append(as_float(row["accuracy"]))
+        finals[tuple(row[key] for key in keys)].append(as_float(row.get(metric, "")))
     return finals
 
 
@@ -231,6 +233,8 @@ class TableData:
     columns: list[tuple[str, ...]]
     finals: dict[tuple[str, ...], list[float]]
     grouped: bool
+    #: Final held-out accuracies (clients that never trained), NaN where the runs had none.
+    heldout: dict[tuple[str, ...], list[float]]
 
     @classmethod
     def of(cls, rows: Sequence[Row], spec: TableSpec) -> TableData:
@@ -245,11 +249,20 @@ class TableData:
             columns=_ordered(tuple(row[c] for c in columns) for row in rows) if columns else [()],
             finals=_final_accuracies(rows, keys),
             grouped=groups is not None,
+            heldout=_final_accuracies(rows, keys, "heldout_accuracy"),
         )
 
     def cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
         """Final accuracies (one per seed) of one cell; empty where nothing ran."""
         return self.finals.get((row, *([group] if self.grouped else []), *values), [])
+
+    def heldout_cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
+        values_ = self.heldout.get((row, *([group] if self.grouped else []), *values), [])
+        return [value for value in values_ if math.isfinite(value)]
+
+    @property
+    def has_heldout(self) -> bool:
+        return any(math.isfinite(value) for values in self.heldout.values() for value in values)
 
     def header(self, group: str, values: tuple[str, ...]) -> str:
         label = ", ".join(f"{name}={value}" for name, value in zip(self.axis_names, values, strict=True))
@@ -260,13 +273,15 @@ def paper_table(rows: Sequence[Row], spec: TableSpec) -> str:
     """Markdown in the paper's layout: methods down, column-axis values across, groups side by side.
 
     Each cell is the mean final accuracy over seeds (± 95% CI half-width with several seeds); the
-    best cell of each column is bold.
+    best cell of each column is bold. Where runs had held-out clients (never trained), each column
+    is followed by their final accuracy.
     """
     data = TableData.of(rows, spec)
     slots = [(group, values) for group in data.groups for values in data.columns]
+    headers = [data.header(*slot) + (f" | {data.header(*slot)} held-out" if data.has_heldout else "") for slot in slots]
     lines = [
-        "| " + spec.rows + " | " + " | ".join(data.header(*slot) for slot in slots) + " |",
-        "|---|" + "---|" * len(slots),
+        "| " + spec.rows + " | " + " | ".join(headers) + " |",
+        "|---|" + "---|" * len(slots) * (2 if data.has_heldout else 1),
     ]
     best = {}
     for slot in slots:
@@ -278,6 +293,9 @@ def paper_table(rows: Sequence[Row], spec: TableSpec) -> str:
             values = data.cell(row, *slot)
             text = format_accuracy(_mean(values), confidence_half_width(values)) if values else "—"
             cells.append(f"**{text}**" if values and _mean(values) == best[slot] else text)
+            if data.has_heldout:
+                held = data.heldout_cell(row, *slot)
+                cells.append(format_accuracy(_mean(held), confidence_half_width(held)) if held else "—")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
