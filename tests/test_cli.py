@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedcond.cli import main
+from fedcond.tools.cli import main
 from tests.test_datasets import write_fake_mnist
 
 
@@ -55,7 +55,7 @@ def test_fedcond_run_goes_through_flwr_run(tmp_path):
     """The README's main command, shortened: flwr's local SuperLink, Ray virtual clients, results."""
     flwr_home = tmp_path / "flwr-home"
     environment = {**os.environ, "FLWR_HOME": str(flwr_home)}
-    command = [sys.executable, "-m", "fedcond.cli", "run", "num-clusters=2", "clients-per-cluster=2",
+    command = [sys.executable, "-m", "fedcond.tools.cli", "run", "num-clusters=2", "clients-per-cluster=2",
                "num-server-rounds=2", "local-epochs=1", "results-dir=out"]  # fmt: skip
     try:
         finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
@@ -78,7 +78,7 @@ def test_fedcond_run_goes_through_flwr_run(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].joinpath("experiments").glob("*.toml")))
 def test_every_experiment_file_is_a_valid_configuration(path):
-    from fedcond.cli import default_config, read_override_file
+    from fedcond.tools.cli import default_config, read_override_file
     from fedcond.config import RunConfig
 
     overrides = read_override_file(str(path))

@@ -1,6 +1,6 @@
 import pytest
 
-from fedcond.cli import default_config, parse_assignments
+from fedcond.tools.cli import default_config, parse_assignments
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.methods import get_method

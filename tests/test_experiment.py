@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fedcond.cli import default_config, main
+from fedcond.tools.cli import default_config, main
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.experiment import (
+from fedcond.tools.experiment import (
     METRIC_COLUMNS,
     Experiment,
     TableSpec,
@@ -21,7 +21,7 @@ from fedcond.experiment import (
     write_metrics,
 )
 from fedcond.history import RoundRecord, RunRecorder, results_folder
-from fedcond.report import confidence_half_width, paper_table, render, summarise
+from fedcond.tools.report import confidence_half_width, paper_table, render, summarise
 
 GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments" / "grids").glob("*.toml"))
 
@@ -141,7 +141,7 @@ def test_failed_runs_are_reported_and_make_the_command_fail(tmp_path):
     experiment = small_experiment()
     run_experiment(experiment, default_config(), tmp_path, runner, io.StringIO())
     write_metrics(experiment, tmp_path)
-    from fedcond.experiment import failed_runs
+    from fedcond.tools.experiment import failed_runs
 
     failures = failed_runs(experiment, tmp_path)
     assert [name for name, _ in failures] == ["method-conditional_seed-0", "method-conditional_seed-1"]

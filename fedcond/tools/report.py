@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcond.experiment import METRIC_COLUMNS, OPTIONAL_METRIC_COLUMNS, TableSpec, as_float, column_name
+from fedcond.tools.experiment import METRIC_COLUMNS, OPTIONAL_METRIC_COLUMNS, TableSpec, as_float, column_name
 
 Row = dict[str, str]
 METRIC_NAMES = frozenset((*METRIC_COLUMNS, *OPTIONAL_METRIC_COLUMNS))

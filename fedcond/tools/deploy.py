@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from fedcond.cli import (
+from fedcond.tools.cli import (
     OFFLINE_ENVIRONMENT,
     app_directory,
     default_config,

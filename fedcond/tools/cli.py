@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.experiment import (
+from fedcond.tools.experiment import (
     Experiment,
     column_name,
     describe_plan,
@@ -179,7 +179,7 @@ def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, a
 
 def report(out: Path) -> int:
     """(Re)write ``metrics.csv`` and the reports of a compare or sweep folder, and print them."""
-    from fedcond.report import render
+    from fedcond.tools.report import render
 
     experiment = load_experiment(out)
     write_metrics(experiment, out)
@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command == "report":
             return report(Path(arguments.out))
         if arguments.command in ("deploy-local", "export-partitions"):
-            from fedcond import deploy  # imports this module: loaded on use
+            from fedcond.tools import deploy  # imports this module: loaded on use
 
             if arguments.command == "export-partitions":
                 return deploy.export_partitions_command(arguments.settings, arguments.out, arguments.config)
