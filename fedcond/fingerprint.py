@@ -236,7 +236,8 @@ def fingerprint_spec(name: str) -> FingerprintSpec:
 
 def check_fingerprint(name: str, normalisation: str) -> None:
     """A known fingerprint under a normalisation that makes sense for it."""
-    if normalisation == "log" and not fingerprint_spec(name).spectral:
+    spec = fingerprint_spec(name)
+    if normalisation == "log" and not spec.spectral:
         spectral = ", ".join(key for key, spec in FINGERPRINTS.items() if spec.spectral)
         raise FedcondError(
             f"normalisation=log takes logarithms of eigenvalues ({spectral}); "

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fedcond.tools.cli import default_config, main
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.history import RoundRecord, RunRecorder, results_folder
+from fedcond.tools.cli import default_config, main
 from fedcond.tools.experiment import (
     METRIC_COLUMNS,
     Experiment,
@@ -20,7 +21,6 @@ from fedcond.tools.experiment import (
     run_experiment,
     write_metrics,
 )
-from fedcond.history import RoundRecord, RunRecorder, results_folder
 from fedcond.tools.report import confidence_half_width, paper_table, render, summarise
 
 GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments" / "grids").glob("*.toml"))

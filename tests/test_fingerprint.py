@@ -104,7 +104,10 @@ def test_fingerprint_sizes_and_controls():
     assert fp.fingerprint_size("class-mean", 32, 10, 2) == 30 == fp.fingerprint_size("class-eigen", 32, 10, 2)
     assert fp.fingerprint_size("cluster-id", 32, 10, 4) == 4
     images, labels = np.zeros((4, 1, 4, 4)), np.array([0, 1, 0, 1])
-    ids = [fp.compute_fingerprint("random-id", fp.ClientSample(images, labels, 2, 8, partition_id=client, num_clusters=2)) for client in (0, 0, 1)]
+    ids = [
+        fp.compute_fingerprint("random-id", fp.ClientSample(images, labels, 2, 8, partition_id=client, num_clusters=2))
+        for client in (0, 0, 1)
+    ]
     np.testing.assert_array_equal(ids[0], ids[1])
     assert ids[0].shape == (8,) and not np.allclose(ids[0], ids[2])
     one_hot = fp.compute_fingerprint("cluster-id", fp.ClientSample(images, labels, 2, 8, cluster=3, num_clusters=4))
@@ -117,7 +120,9 @@ def test_sketch_projection_is_public_and_a_missing_class_gives_zeros():
     images, labels = rng.random((20, 1, 8, 8)), np.array([0, 1] * 10)
     # The run's seed does not enter the sketch: clients of different runs are comparable.
     first = fp.compute_fingerprint("class-mean", fp.ClientSample(images, labels, 3, 6))
-    np.testing.assert_array_equal(first, fp.compute_fingerprint("class-mean", fp.ClientSample(images, labels, 3, 6, seed=99, partition_id=4)))
+    np.testing.assert_array_equal(
+        first, fp.compute_fingerprint("class-mean", fp.ClientSample(images, labels, 3, 6, seed=99, partition_id=4))
+    )
     assert first.shape == (6,) and np.all(first[4:] == 0) and np.all(first[:4] != 0)  # class 2 absent
 
 

@@ -100,7 +100,7 @@ def column_name(axis: str) -> str:
 
 def expand_methods(values: Sequence[Any] | str) -> list[str]:
     """``all`` (or a list holding it) is every registered method, in the registry's order."""
-    from fedcond.methods import get_method, registry
+    from strategies.registry import get_method, registry
 
     names = [values] if isinstance(values, str) else [str(value) for value in values]
     if "all" in names:
@@ -201,8 +201,8 @@ def _folder_name(labels: Mapping[str, str]) -> str:
 
 
 def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> list[PlannedRun]:
-    """Every combination of axis values as a validated run (no data is loaded here)."""
-    from fedcond.scenarios import validate_without_data
+    """Every combination of axis values as a checked run (no data is loaded here)."""
+    from strategies.registry import check_run, run_config
 
     planned = []
     axes = list(experiment.axes.items())
@@ -214,8 +214,8 @@ def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> lis
             labels[axis] = axis_label(value)
         name = _folder_name(labels)
         values.update({"results-dir": str(runs_dir), "run-name": name, "verbose": False})
-        config = RunConfig.from_mapping(values)
-        validate_without_data(config)
+        config = run_config(values)
+        check_run(config)
         planned.append(PlannedRun(name, config, labels))
     names = [run.name for run in planned]
     if len(set(names)) != len(names):
@@ -345,9 +345,9 @@ def run_experiment(
     experiment: Experiment, base: Mapping[str, Any], out: Path, runner: Runner, stream: TextIO
 ) -> list[PlannedRun]:
     """Run every unfinished grid point in order; returns the plan. Failures are recorded, not fatal."""
-    out.mkdir(parents=True, exist_ok=True)
     runs_dir = (out / "runs").resolve()
-    planned = plan(experiment, base, runs_dir)
+    planned = plan(experiment, base, runs_dir)  # every run is checked before anything is written
+    out.mkdir(parents=True, exist_ok=True)
     record_experiment(experiment, out)
     pending = [run for run in planned if not finished_before(run, runs_dir)]
     skipped = len(planned) - len(pending)
