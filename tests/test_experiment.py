@@ -23,7 +23,10 @@ from fedcond.tools.experiment import (
 )
 from fedcond.tools.report import confidence_half_width, paper_table, render, summarise
 
-GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments" / "grids").glob("*.toml"))
+ALL_GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments" / "grids").glob("*.toml"))
+# One grid file per table of the paper; the fingerprint study's grids follow its own budget.
+GRIDS = [grid for grid in ALL_GRIDS if not grid.stem.startswith("fingerprints-")]
+STUDY_GRIDS = [grid for grid in ALL_GRIDS if grid.stem.startswith("fingerprints-")]
 
 
 class FakeRunner:
@@ -211,6 +214,30 @@ def test_every_grid_file_plans_at_full_size_and_has_a_quick_profile(grid):
     assert 0 < len(quick) < len(full)
     assert all(run.config.num_server_rounds == 20 and run.config.local_epochs == 1 for run in full)
     assert all(run.config.data_fraction < 1 for run in quick)
+
+
+def test_the_fingerprint_study_grids_plan_the_studys_44_runs_with_held_out_clients():
+    runs = [
+        run
+        for grid, profile in [(STUDY_GRIDS[0], None), (STUDY_GRIDS[0], "second-seed"), (STUDY_GRIDS[1], None)]
+        for run in plan(read_grid_file(grid, profile), default_config(), Path("/nonexistent/runs"))
+    ]
+    assert [grid.stem for grid in STUDY_GRIDS] == ["fingerprints-e3b", "fingerprints-transfer"]
+    assert len(runs) == 44 and all(run.config.held_out_clients == 1 for run in runs)
+    assert all(run.config.num_server_rounds == 12 and run.config.data_fraction == 0.1 for run in runs)
+    assert {run.config.method for run in runs} == {"fedavg", "oracle", "conditional"}
+
+
+def test_paper_tables_show_held_out_accuracy_beside_each_column():
+    rows = [
+        {"variant": variant, "experiment": "e1", "seed": "0", "round": "1", "accuracy": accuracy,
+         "heldout_accuracy": held}
+        for variant, accuracy, held in [("fedavg", "0.6", "0.5"), ("eigen/hyper", "0.9", "0.4")]
+    ]  # fmt: skip
+    table = paper_table(rows, TableSpec(columns=("experiment",), rows="variant"))
+    header, _, *lines = table.splitlines()
+    assert header == "| variant | experiment=e1 | experiment=e1 held-out |"
+    assert lines[1] == "| eigen/hyper | **0.900** | 0.400 |"
 
 
 def test_grid_file_errors_are_one_line_and_name_the_fix(tmp_path):
