@@ -20,7 +20,7 @@ from flwr.common import Context
 from fedcond.client_data import ClientData, load_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from strategies.registry import get_method, run_config
+from strategies.registry import federated, get_method, run_config
 
 
 def build_client(context: Context, config: RunConfig) -> Client:
@@ -36,7 +36,8 @@ def build_client(context: Context, config: RunConfig) -> Client:
         config = config.replace(data_dir=str(context.node_config["data-dir"]))
     method = get_method(config.method)
     data = node_data(context, config, partition_id)
-    return method.client(config, data, context, method.conditioned).to_client()
+    client, _ = federated(method)
+    return client(config, data, context, method.conditioned).to_client()
 
 
 def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientData:

@@ -18,7 +18,7 @@ from flwr.common import ArrayRecord, ConfigRecord, Context
 
 from fedcond import fingerprint as fp
 from fedcond import secure_sum
-from fedcond.client_data import ClientData
+from fedcond.client_data import ClientData, client_fingerprint
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import (
@@ -118,41 +118,19 @@ class FedcondClient(NumPyClient):
     # -- the fingerprint: computed once, on local training data only, kept in client state --------
     def raw_fingerprint(self) -> np.ndarray:
         if FINGERPRINT_KEY not in self.state.array_records:
-            name = self.run_config.fingerprint
-            sample = fp.ClientSample(
-                features=self.features() if fp.fingerprint_spec(name).needs_data else self.data.train_x,
-                labels=self.data.train_y,
-                num_classes=self.data.num_classes,
-                dim=self.run_config.fingerprint_dim,
-                seed=self.run_config.seed,
-                partition_id=self.data.partition_id,
-                cluster=self.data.cluster,
-                num_clusters=self.run_config.num_clusters,
-            )
-            vector = fp.compute_fingerprint(name, sample)
+            vector = client_fingerprint(self.run_config, self.data)
             self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
         return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]
-
-    def features(self) -> np.ndarray:
-        """phi(x) of the training images: the pixels, or the frozen encoder's embedding."""
-        if self.run_config.fingerprint_encoder == "pixels":
-            return self.data.train_x
-        from fedcond.encoder import embed
-
-        return embed(self.data.train_x, self.run_config.fingerprint_encoder, self.run_config.resolved_data_dir())
 
     def condition(self, round_config: dict[str, object]) -> np.ndarray | None:
         """The normalised fingerprint the model is fed, or None for an unconditioned method."""
         if not self.conditioned:
             return None
-        raw = self.raw_fingerprint()
-        if self.run_config.normalisation == "log":
-            return fp.log_scale(raw)
+        mean = std = None
         if self.run_config.normalisation == "federated":
             mean = array_from_bytes(round_config.get(FINGERPRINT_MEAN), FINGERPRINT_MEAN)
             std = array_from_bytes(round_config.get(FINGERPRINT_STD), FINGERPRINT_STD)
-            return fp.standardise(raw, mean, std)
-        return raw
+        return fp.normalise(self.raw_fingerprint(), self.run_config.normalisation, mean, std)
 
     # -- Flower's entry points: a FedcondError becomes a one-line report, not a traceback ---------------
     def fit(self, parameters: list[np.ndarray], config: dict[str, object]) -> Fitted:

@@ -143,3 +143,23 @@ def load_partition_file(path: Path, config: RunConfig, partition_id: int) -> Cli
         test_x=arrays["test_x"],
         test_y=arrays["test_y"],
     )
+
+
+def client_fingerprint(config: RunConfig, data: ClientData) -> np.ndarray:
+    """The raw fingerprint of one client's training data, as the client computes it (never sent).
+
+    phi(x) is the pixels or the frozen encoder's embedding (``fingerprint-encoder``); fingerprints
+    that need no data (the controls) look at none.
+    """
+    from fedcond import fingerprint as fp
+
+    features = data.train_x
+    if fp.fingerprint_spec(config.fingerprint).needs_data and config.fingerprint_encoder != "pixels":
+        from fedcond.encoder import embed
+
+        features = embed(data.train_x, config.fingerprint_encoder, config.resolved_data_dir())
+    sample = fp.ClientSample(
+        features, data.train_y, data.num_classes, config.fingerprint_dim, config.seed,
+        data.partition_id, data.cluster, config.num_clusters,
+    )  # fmt: skip
+    return fp.compute_fingerprint(config.fingerprint, sample)

@@ -74,6 +74,20 @@ def standardise(fingerprint: np.ndarray, mean: np.ndarray, std: np.ndarray) -> n
     return (fingerprint - mean) / np.maximum(std, STD_FLOOR)
 
 
+def normalise(raw: np.ndarray, normalisation: str, mean: np.ndarray | None, std: np.ndarray | None) -> np.ndarray:
+    """The fingerprint as the model is fed it: raw (``none``), ``log``-scaled, or z-scored (``federated``)
+    with the federation's ``mean`` and ``std``."""
+    if normalisation == "log":
+        return log_scale(raw)
+    if normalisation == "federated":
+        if mean is None or std is None:
+            raise FedcondError(
+                "federated normalisation needs the federation's mean and std; the setup step did not run"
+            )
+        return standardise(raw, mean, std)
+    return raw
+
+
 def mean_and_std(total: np.ndarray, total_of_squares: np.ndarray, count: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-dimension mean and population standard deviation from the two sums and the count."""
     if count < 1:

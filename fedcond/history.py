@@ -48,6 +48,14 @@ class RoundRecord:
         """The ``history.csv`` header: the fixed columns, then one accuracy column per cluster."""
         return [*HISTORY_COLUMNS, *(f"accuracy_cluster_{cluster}" for cluster in range(num_clusters))]
 
+    def progress_line(self, num_rounds: int) -> str:
+        """The one terminal line a round prints."""
+        held = f"  held-out {self.heldout_accuracy:.4f}" if not math.isnan(self.heldout_accuracy) else ""
+        return (
+            f"round {self.round:>3}/{num_rounds}  accuracy {self.accuracy:.4f}  loss {self.loss:.4f}{held}  "
+            f"{self.seconds:5.1f} s"
+        )
+
     def as_row(self, num_clusters: int) -> dict[str, Any]:
         row: dict[str, Any] = {column: getattr(self, column) for column in HISTORY_COLUMNS}
         for cluster in range(num_clusters):

@@ -54,7 +54,16 @@ def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def _condition_tensor(condition: np.ndarray | None, device: torch.device) -> torch.Tensor | None:
-    return None if condition is None else _tensor(condition.astype(np.float32)[None, :], device)
+    """One fingerprint (d,) as a (1, d) row broadcast to every sample, or per-sample rows (n, d) as they are."""
+    if condition is None:
+        return None
+    rows = condition.astype(np.float32)
+    return _tensor(rows[None, :] if rows.ndim == 1 else rows, device)
+
+
+def new_optimiser(model: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
+    """The paper's optimiser: SGD with momentum (plain SGD when ``momentum`` is 0)."""
+    return torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=settings.momentum)
 
 
 def train(
@@ -66,22 +75,45 @@ def train(
     seed: int,
     proximal: ProximalTerm | None = None,
 ) -> float:
-    """Train in place for ``settings.epochs``; return the mean training loss of the last epoch.
+    """Train in place for ``settings.epochs`` with a fresh optimiser; return the last epoch's mean loss.
 
     With ``proximal``, the objective is the task loss plus the proximal penalty (reported loss too).
+    ``condition`` is the client's fingerprint (d,) or, for pooled data, one row per sample (n, d).
 
     The batch order comes from ``seed`` alone, so a client's update does not depend on which Ray
     actor runs it or in which order: the same seed gives the same numbers.
     """
     device = pick_device()
-    model.to(device).train()
+    model.to(device)
     if proximal is not None:
         proximal.anchor.to(device)
-    x, y = _tensor(images, device), _tensor(labels, device)
-    cond = _condition_tensor(condition, device)
-    optimiser = torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=settings.momentum)
+    return run_epochs(
+        model,
+        new_optimiser(model, settings),
+        (_tensor(images, device), _tensor(labels, device), _condition_tensor(condition, device)),
+        settings,
+        torch.Generator().manual_seed(seed),
+        proximal,
+    )
+
+
+def run_epochs(
+    model: nn.Module,
+    optimiser: torch.optim.Optimizer,
+    data: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    settings: TrainSettings,
+    generator: torch.Generator,
+    proximal: ProximalTerm | None = None,
+) -> float:
+    """``settings.epochs`` epochs of mini-batch SGD over ``data`` = (images, labels, conditions) on the
+    model's device, continuing ``optimiser`` (momentum) and ``generator`` (batch order) as they are:
+    a pooled run keeps both across epochs, a federated client starts both afresh every round."""
+    x, y, cond = data
+    # One row is the client's own fingerprint for every sample; more rows are per sample (pooled data).
+    per_sample = cond is not None and len(cond) > 1
+    device = x.device
+    model.train()
     criterion = nn.CrossEntropyLoss()
-    generator = torch.Generator().manual_seed(seed)
     epoch_loss = math.nan
     for _ in range(settings.epochs):
         order = torch.randperm(len(x), generator=generator).to(device)
@@ -89,7 +121,8 @@ def train(
         for start in range(0, len(x), settings.batch_size):
             batch = order[start : start + settings.batch_size]
             optimiser.zero_grad()
-            loss = criterion(model(x[batch], cond), y[batch])
+            batch_cond = cond[batch] if per_sample else cond
+            loss = criterion(model(x[batch], batch_cond), y[batch])
             if proximal is not None:
                 loss = loss + proximal.penalty(model)
             if not torch.isfinite(loss):

@@ -111,12 +111,7 @@ class RoundTracker:
         if self.recorder is not None:
             self.recorder.add(record)
         if self.verbose:
-            held = f"  held-out {heldout_accuracy:.4f}" if held_out else ""
-            print(
-                f"round {server_round:>3}/{self.num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}{held}  "
-                f"{record.seconds:5.1f} s",
-                flush=True,
-            )
+            print(record.progress_line(self.num_rounds), flush=True)
         return record
 
 

@@ -34,17 +34,22 @@ class Method:
 
     name: str
     summary: str
-    client: type[FedcondClient]
-    strategy: type[FedcondStrategy]
+    #: None for the pooled references, which train centrally, in-process, without Flower.
+    client: type[FedcondClient] | None
+    strategy: type[FedcondStrategy] | None
     #: Whether the model is fed the client's fingerprint.
     conditioned: bool = False
+    #: "federated" (Flower rounds) or "pooled" (the paper's centralised protocol, ``fedcond.pooled``).
+    protocol: str = "federated"
 
     @property
     def options(self) -> tuple[Option, ...]:
-        return (*self.client.options, *self.strategy.options)
+        return tuple(option for part in (self.client, self.strategy) if part is not None for option in part.options)
 
     @property
     def serves_held_out_clients(self) -> bool:
+        if self.strategy is None:  # pooled: a newcomer gets the pooled model (or its true cluster's)
+            return self.protocol == "pooled"
         return self.strategy.serves_held_out_clients
 
 
@@ -60,7 +65,14 @@ def registry() -> dict[str, Method]:
         Method("ditto", "personal models pulled towards FedAvg's", DittoClient, FedcondFedAvg),
         Method("gossip", "random pairwise averaging of per-client models", FedcondClient, GossipStrategy),
         Method("dac", "averaging with the top-k cosine-similar peers", FedcondClient, DacStrategy),
-    )
+        # The paper's own protocol, centrally pooled (a reference, not a federated method).
+        Method("pooled-conditional", "the paper's protocol: one conditioned CNN on all clients' pooled data",
+               None, None, True, "pooled"),
+        Method("pooled-oracle", "the paper's protocol: one CNN per true cluster on its pooled data",
+               None, None, False, "pooled"),
+        Method("pooled-global", "the paper's protocol: one CNN on all clients' pooled data",
+               None, None, False, "pooled"),
+    )  # fmt: skip
     return {method.name: method for method in methods}
 
 
@@ -83,8 +95,25 @@ def run_config(mapping: Mapping[str, Any]) -> RunConfig:
     return RunConfig.from_mapping(mapping, declared_options())
 
 
+def method_names(selection: str) -> list[str]:
+    """``all``: every federated method (the paper's comparison); ``pooled``: the pooled reference family."""
+    protocol = "pooled" if selection == "pooled" else "federated"
+    return [name for name, method in registry().items() if method.protocol == protocol]
+
+
 def held_out_methods() -> list[str]:
-    return [name for name, method in registry().items() if method.serves_held_out_clients]
+    """Federated methods under which a client that never trains has a model to evaluate."""
+    return [name for name in method_names("all") if registry()[name].serves_held_out_clients]
+
+
+def federated(method: Method) -> tuple[type[FedcondClient], type[FedcondStrategy]]:
+    """The method's client and strategy classes; Flower runs only federated methods."""
+    if method.client is None or method.strategy is None:
+        raise FedcondError(
+            f"{method.name} is the paper's centrally pooled protocol, not a federation; run it with "
+            "fedcond run, compare or sweep (they train it in-process), not with flwr run"
+        )
+    return method.client, method.strategy
 
 
 def check_run(config: RunConfig, load_data: bool = False) -> Method:

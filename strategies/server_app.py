@@ -15,12 +15,13 @@ from fedcond.history import RunRecorder, results_folder
 from fedcond.models import build_run_model, count_parameters
 from fedcond.scenarios import format_summary, scenario_for
 from strategies.base import StrategyInputs
-from strategies.registry import check_run, run_config
+from strategies.registry import check_run, federated, run_config
 
 
 def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     """Everything the ServerApp does, given its settings; returns the run's recorder."""
     method = check_run(config)
+    _, strategy_class = federated(method)
     config = config.resolved()
     scenario = scenario_for(config)
     model = build_run_model(config, scenario.num_classes, method.conditioned)
@@ -44,7 +45,7 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         print(format_summary(details["scenario"]), flush=True)
         print(f"fedcond: results folder {folder}", flush=True)
     try:
-        strategy = method.strategy(StrategyInputs(config, scenario.num_classes, method.conditioned, recorder))
+        strategy = strategy_class(StrategyInputs(config, scenario.num_classes, method.conditioned, recorder))
         start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=config.num_server_rounds))
     except FedcondError as error:
         recorder.fail(str(error))

@@ -67,10 +67,11 @@ def test_metrics_csv_is_tidy_one_row_per_method_seed_round(tmp_path):
     with write_metrics(small_experiment(), tmp_path).open() as handle:
         reader = csv.DictReader(handle)
         rows = list(reader)
-    assert reader.fieldnames[:8] == [
-        "dataset", "scenario", "num_clusters", "clients_per_cluster", "data_fraction", "rotations", "method", "seed",
+    assert reader.fieldnames[:10] == [
+        "dataset", "scenario", "num_clusters", "clients_per_cluster", "data_fraction", "rotations",
+        "fingerprint", "conditioning", "method", "seed",
     ]  # fmt: skip
-    assert list(METRIC_COLUMNS) == reader.fieldnames[8:]
+    assert list(METRIC_COLUMNS) == reader.fieldnames[10:]
     for column in ("accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari"):
         assert column in reader.fieldnames
     assert len(rows) == 2 * 2 * 3
@@ -301,3 +302,20 @@ def test_heldout_accuracy_joins_the_tidy_file_and_summary_only_when_measured(tmp
     assert float(rows[-1]["heldout_accuracy"]) == pytest.approx(float(rows[-1]["accuracy"]) - 0.05)
     render(tmp_path / "held", "t", "compare", [], [], [])
     assert "held-out accuracy" in (tmp_path / "held" / "summary.md").read_text()
+
+
+def test_tidy_rows_name_the_fingerprint_and_conditioning_even_of_runs_recorded_before_them(tmp_path):
+    experiment = small_experiment()
+    experiment.settings["fingerprint"] = "class-mean"
+    run_experiment(experiment, default_config(), tmp_path, FakeRunner(), io.StringIO())
+    with write_metrics(experiment, tmp_path).open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {(row["fingerprint"], row["conditioning"]) for row in rows} == {("class-mean", "concat")}
+    for run_json in tmp_path.glob("runs/*/run.json"):
+        record = json.loads(run_json.read_text())
+        del record["config"]["fingerprint"], record["config"]["conditioning"]
+        run_json.write_text(json.dumps(record))
+    experiment.settings.pop("fingerprint")  # the settings of a folder written before the setting existed
+    with write_metrics(experiment, tmp_path).open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {(row["fingerprint"], row["conditioning"]) for row in rows} == {("eigen", "concat")}

@@ -10,6 +10,7 @@ files included) before Flower starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -47,6 +48,7 @@ from fedcond.tools.flwr_commands import (
     to_run_config_string,
     unfinished,
 )
+from strategies.registry import run_config
 
 
 def default_gpus_per_client() -> float:
@@ -63,6 +65,13 @@ def run(
     results folder filled in. The terminal shows fedcond's own lines; Flower's full output goes to
     ``flower.log`` in the run's folder, which also gets ``convergence.png``."""
     config, overrides = prepare(assignments, override_file)
+    if is_pooled(config):
+        # The paper's centralised protocol has no federation to start: it trains right here.
+        from fedcond.pooled import run_pooled
+
+        run_pooled(run_config({**default_config(), **overrides}))
+        print(closing_summary(run_folder(overrides)), flush=True)
+        return 0
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     federation = (
         f"num-supernodes={config.num_clients} client-resources-num-cpus={cpus_per_client} "
@@ -128,18 +137,36 @@ def closing_summary(folder: Path) -> str:
         f"fedcond: finished {info.get('rounds_completed')} rounds in {info.get('total_seconds') or 0:.0f} s: "
         f"accuracy {info.get('final_accuracy') or float('nan'):.4f}"
         + (f", held-out {held:.4f}" if held is not None else "")
-        + f"\nfedcond: {folder}: history.csv, run.json, convergence.png, {FLOWER_LOG}"
+        + f"\nfedcond: {folder}: "
+        + ", ".join(sorted(path.name for path in folder.iterdir()))
     )
 
 
 def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> Callable[[RunConfig], None]:
     """Runs one configuration as an in-process Flower simulation (ServerApp thread, Ray clients)."""
+    from fedcond.pooled import run_pooled
     from strategies.simulation import simulate
 
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     for name, value in OFFLINE_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    return lambda config: simulate(config, cpus_per_client=cpus_per_client, gpus_per_client=gpus, quiet=True)
+
+    def run_one(config: RunConfig) -> None:
+        if is_pooled(config):
+            # A failure is recorded in the run's folder (status failed); the experiment goes on.
+            with contextlib.suppress(FedcondError):
+                run_pooled(config)
+        else:
+            simulate(config, cpus_per_client=cpus_per_client, gpus_per_client=gpus, quiet=True)
+
+    return run_one
+
+
+def is_pooled(config: RunConfig) -> bool:
+    """True for the paper's centralised protocol (``pooled-*`` methods), which runs without Flower."""
+    from strategies.registry import get_method
+
+    return get_method(config.method).protocol == "pooled"
 
 
 def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, arguments: argparse.Namespace) -> int:
@@ -166,6 +193,39 @@ def report(out: Path) -> int:
     if failures:
         print(f"fedcond: error: {len(failures)} run(s) did not finish; see summary.md", file=sys.stderr)
         return 1
+    return 0
+
+
+def display_path(path: Path) -> str:
+    """A path as the user would type it from here: relative to the working directory when inside it,
+    so a generated file names no machine's absolute paths."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def reproduction(folders: Sequence[str], out: str, notes: str | None) -> int:
+    """``fedcond reproduction``: the hand-written notes, then every folder's results beside the paper's."""
+    from fedcond.tools.report import GENERATED_MARKER, NOTES_FILE, reproduction_markdown
+
+    out_path = Path(out)
+    notes_path = Path(notes) if notes else out_path.parent / NOTES_FILE
+    if not notes_path.is_file():
+        raise FedcondError(
+            f"no notes file {notes_path}; write the hand-written part of the report there or pass --notes"
+        )
+    if out_path.is_file() and not out_path.read_text().startswith(GENERATED_MARKER):
+        # Never overwrite prose: it belongs in the notes file, which is included verbatim.
+        raise FedcondError(f"{out_path} was written by hand; move its prose into {notes_path}, then delete it")
+    command = " ".join(
+        ["fedcond reproduction", *map(display_path, map(Path, folders)), "--out", display_path(out_path)]
+        + (["--notes", display_path(notes_path)] if notes else [])
+    )
+    text = reproduction_markdown([Path(folder) for folder in folders], notes_path.read_text(), command, out_path.parent)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(text)
+    print(f"fedcond: {out_path} written from {len(folders)} results folder(s) and {notes_path}")
     return 0
 
 
@@ -231,6 +291,16 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
         add_resource_flags(experiment_parser)
     report_parser = commands.add_parser("report", help="redraw the tables and figures of a compare or sweep folder")
     report_parser.add_argument("out", metavar="DIR")
+    reproduction_parser = commands.add_parser(
+        "reproduction", help="one Markdown report: hand-written notes, then every folder's results beside the paper's"
+    )
+    reproduction_parser.add_argument("folders", nargs="+", metavar="DIR", help="compare or sweep --out folders")
+    reproduction_parser.add_argument("--out", required=True, metavar="FILE", help="e.g. experiments/REPRODUCTION.md")
+    reproduction_parser.add_argument(
+        "--notes",
+        metavar="FILE",
+        help="hand-written preamble, included verbatim (default: reproduction-notes.md beside --out)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -261,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return compare(arguments) if arguments.command == "compare" else sweep(arguments)
         if arguments.command == "report":
             return report(Path(arguments.out))
+        if arguments.command == "reproduction":
+            return reproduction(arguments.folders, arguments.out, arguments.notes)
         if arguments.command in ("deploy-local", "export-partitions"):
             if arguments.command == "export-partitions":
                 return deploy.export_partitions_command(arguments.settings, arguments.out, arguments.config)

@@ -29,6 +29,10 @@ from fedcond.history import run_status
 
 # Every tidy row names the scenario it came from, so results of several experiments concatenate.
 SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
+# Which variant of the conditional method a run is: the paper's numbers exist for one of them only,
+# so every tidy row names it (runs recorded before these settings existed ran the defaults).
+VARIANT_COLUMNS = ("fingerprint", "conditioning")
+VARIANT_DEFAULTS = {key: getattr(RunConfig(), key) for key in VARIANT_COLUMNS}
 RUN_COLUMNS = ("method", "seed")
 METRIC_COLUMNS = (
     "round", "accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari", "train_loss", "elapsed_seconds",
@@ -98,16 +102,30 @@ def column_name(axis: str) -> str:
     return axis.replace("-", "_")
 
 
-def expand_methods(values: Sequence[Any] | str) -> list[str]:
-    """``all`` (or a list holding it) is every registered method, in the registry's order."""
-    from strategies.registry import get_method, registry
+def expand_methods(values: Sequence[Any] | str) -> list[Any]:
+    """Method names, in the given order; ``all`` stands for every federated method and ``pooled``
+    for the three pooled references (the paper's own protocol), each in the registry's order.
 
-    names = [values] if isinstance(values, str) else [str(value) for value in values]
-    if "all" in names:
-        return list(registry())
-    for name in names:
-        get_method(name)  # unknown names stop here with the list of known ones
-    return names
+    A method value may also be a bundle, ``{ label = "recommended", method = "conditional",
+    fingerprint = "class-mean", ... }``: a named variant whose label is its name in every table.
+    """
+    from strategies.registry import get_method, method_names
+
+    entries = [values] if isinstance(values, str) else list(values)
+    expanded: list[Any] = []
+    for entry in entries:
+        if isinstance(entry, Mapping):
+            if "method" not in entry or "label" not in entry:
+                raise FedcondError(f"a method bundle needs 'label' and 'method' keys, got {dict(entry)}")
+            get_method(str(entry["method"]))
+            expanded.append(dict(entry))
+        elif str(entry) in ("all", "pooled"):
+            expanded += [name for name in method_names(str(entry)) if name not in expanded]
+        else:
+            get_method(str(entry))  # unknown names stop here with the list of known ones
+            if str(entry) not in expanded:
+                expanded.append(str(entry))
+    return expanded
 
 
 def parse_list(text: str, what: str) -> list[str]:
@@ -406,8 +424,10 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
         config = json.loads((folder / "run.json").read_text())["config"]
         for row in read_history(folder / "history.csv"):
             tidy: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
+            tidy.update({key: config.get(key, VARIANT_DEFAULTS[key]) for key in VARIANT_COLUMNS})
             tidy.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
-            tidy.update({"method": config["method"], "seed": config["seed"]})
+            # A method bundle (a named variant) is known by its label, not by its base method.
+            tidy.update({"method": run.labels.get("method", config["method"]), "seed": config["seed"]})
             tidy.update({column: row.get(column, "") for column in METRIC_COLUMNS})
             tidy.update({column: row[column] for column in OPTIONAL_METRIC_COLUMNS if column in row})
             yield tidy
@@ -418,7 +438,9 @@ def write_metrics(experiment: Experiment, out: Path) -> Path:
     rows = list(tidy_rows(experiment, out))
     # An optional column earns its place only where some run measured it (not NaN throughout).
     optional = [c for c in OPTIONAL_METRIC_COLUMNS if any(math.isfinite(as_float(row.get(c, ""))) for row in rows)]
-    columns = [*map(column_name, experiment.setting_axes), *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
+    settings = list(map(column_name, experiment.setting_axes))
+    variants = [column for column in VARIANT_COLUMNS if column not in settings]  # a grid may sweep them
+    columns = [*settings, *variants, *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
     path = out / METRICS_FILE
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, columns, restval="", extrasaction="ignore")

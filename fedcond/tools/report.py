@@ -1,23 +1,42 @@
-"""Reports from a tidy ``metrics.csv``: a ranked summary, paper-layout tables and their figures.
+"""Reports from a tidy ``metrics.csv``: a ranked summary, paper-layout tables and their figures,
+each with the paper's published number beside ours, and the reproduction report of many folders.
 
-Everything here reads only the tidy rows, so a table or a plot can be redrawn from any results file
-(``fedcond report OUT``) without rerunning anything.
+Everything here reads only the tidy rows (and the paper's ``experiments/paper/results.csv``), so a
+table or a plot can be redrawn from any results file (``fedcond report OUT``) without rerunning
+anything.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fedcond.tools.experiment import METRIC_COLUMNS, OPTIONAL_METRIC_COLUMNS, TableSpec, as_float, column_name
+from fedcond.errors import FedcondError
+from fedcond.paper import PaperMatch, lookup, tables_in_order
+from fedcond.tools.experiment import (
+    METRIC_COLUMNS,
+    METRICS_FILE,
+    OPTIONAL_METRIC_COLUMNS,
+    SETTING_COLUMNS,
+    VARIANT_COLUMNS,
+    VARIANT_DEFAULTS,
+    TableSpec,
+    as_float,
+    column_name,
+    format_duration,
+    load_experiment,
+)
 
 Row = dict[str, str]
+# Legend lines naming why a setting has no paper counterpart, at most (a sweep of our variants has many).
+MAX_REASONS = 6
 METRIC_NAMES = frozenset((*METRIC_COLUMNS, *OPTIONAL_METRIC_COLUMNS))
 # The paper's names for the axes its tables sweep.
 SHORT_NAMES = {"num-clusters": "K", "clients-per-cluster": "clients/cluster"}
@@ -107,11 +126,49 @@ def format_accuracy(mean: float, half_width: float = math.nan) -> str:
     return f"{mean:.3f} ± {half_width:.3f}" if math.isfinite(half_width) else f"{mean:.3f}"
 
 
-def summary_table(summaries: Sequence[MethodSummary]) -> str:
-    """Markdown: one ranked row per method."""
+def format_delta(ours: float, paper: float) -> str:
+    """Ours minus the paper's, in accuracy points (``-1.2``)."""
+    return f"{(ours - paper) * 100:+.1f}" if math.isfinite(ours) else "n/a"
+
+
+def paper_match(final_rows: Iterable[Row]) -> PaperMatch:
+    """The paper's counterpart of a number pooled from several runs (one final row each): the one
+    they all share, or none."""
+    try:
+        matches = {lookup(row) for row in final_rows}
+    except FedcondError as error:  # the paper's CSV is missing: the report still stands without it
+        return PaperMatch(None, reason=str(error))
+    if len(matches) == 1:
+        return matches.pop()
+    reasons = sorted({match.reason for match in matches if not match.found})
+    return PaperMatch(None, reason="; ".join(reasons) or "its runs have different paper counterparts")
+
+
+def paper_matches(rows: Sequence[Row]) -> dict[str, PaperMatch]:
+    """The paper's counterpart of every method of one scenario point."""
+    finals: dict[str, list[Row]] = defaultdict(list)
+    for (method, _), history in _runs(rows).items():
+        finals[method].append(history[-1])
+    return {method: paper_match(final_rows) for method, final_rows in finals.items()}
+
+
+def _paper_cells(mean: float, match: PaperMatch | None) -> list[str]:
+    if match is None or not match.found:
+        return ["—", "—"]
+    return [f"{match.value:.3f}", format_delta(mean, match.value)]
+
+
+def _with_paper(matches: Mapping[str, PaperMatch] | None) -> bool:
+    return bool(matches) and any(match.found for match in matches.values())
+
+
+def summary_table(summaries: Sequence[MethodSummary], paper: Mapping[str, PaperMatch] | None = None) -> str:
+    """Markdown: one ranked row per method, with the paper's number and our difference when it has one."""
     with_ari = any(math.isfinite(s.final_ari) for s in summaries)
     with_heldout = any(math.isfinite(s.final_heldout) for s in summaries)
-    header = ["rank", "method", "seeds", "final accuracy", "best (round)", "wall s", "MB down", "MB up"]
+    with_paper = _with_paper(paper)
+    header = ["rank", "method", "seeds", "final accuracy"] + ["paper", "Δ vs paper"] * with_paper
+    header += ["best (round)", "wall s", "MB down", "MB up"]
     header += ["ARI"] * with_ari + ["held-out accuracy"] * with_heldout
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for rank, s in enumerate(summaries, start=1):
@@ -120,6 +177,7 @@ def summary_table(summaries: Sequence[MethodSummary]) -> str:
             s.method,
             str(s.seeds),
             format_accuracy(s.final_mean, s.final_half_width),
+            *(_paper_cells(s.final_mean, (paper or {}).get(s.method)) if with_paper else []),
             f"{s.best_accuracy:.3f} (r{s.best_round})",
             f"{s.wall_seconds:.0f}",
             f"{s.megabytes_down:.1f}",
@@ -128,6 +186,67 @@ def summary_table(summaries: Sequence[MethodSummary]) -> str:
         cells += [format_accuracy(s.final_ari)] * with_ari + [format_accuracy(s.final_heldout)] * with_heldout
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _budget(rows: Sequence[Row]) -> tuple[list[str], int]:
+    """The data fractions and the most rounds of some runs."""
+    fractions = sorted({row.get("data_fraction", "") for row in rows} - {""}, key=float)
+    return fractions, max((int(row["round"]) for row in rows), default=0)
+
+
+def paper_legend(rows: Sequence[Row], matches: Mapping[str, PaperMatch]) -> list[str]:
+    """Lines under a table with a paper column: what the column is, the assumptions behind each
+    match, the other values the paper prints, the budget of our runs, and what has no counterpart."""
+    found = {label: match for label, match in matches.items() if match.found}
+    lines = []
+    if found:
+        tables = tables_in_order({table for match in found.values() for table in match.tables})
+        lines.append(
+            "paper: the paper's accuracy for the same experiment, dataset, K, clients per cluster and method "
+            f"({'Table' if len(tables) == 1 else 'Tables'} {', '.join(tables)}; experiments/paper/results.md); "
+            "Δ: ours minus paper, in points."
+        )
+        lines += sorted({note for match in found.values() for note in match.notes})
+        others = [
+            f"{label} {value:.3f} (Table {', '.join(where)})"
+            for label, match in found.items()
+            for value, where in match.others
+        ]
+        if others:
+            lines.append("The paper prints the same setting elsewhere with other values: " + "; ".join(others) + ".")
+        if any(label.startswith("pooled-global") for label in found):
+            lines.append(
+                "pooled-global is set beside the paper's FedAvg column, one model on all data; the paper does not "
+                "say how many rounds its FedAvg ran, so neither fedavg nor pooled-global is its exact counterpart."
+            )
+        fractions, rounds = _budget(rows)
+        if any(float(fraction) < 1 for fraction in fractions):
+            lines.append(
+                f"The paper's numbers are full-data (20 epochs of pooled training); these runs used data-fraction "
+                f"{', '.join(fractions)} and {rounds} rounds, so Δ measures the smaller budget as well as the method."
+            )
+    missing: dict[str, list[str]] = defaultdict(list)
+    for label, match in matches.items():
+        if not match.found:
+            missing[match.reason].append(label)
+    # With a paper column, its "—" cells are what this explains; without one, the whole table is.
+    prefix = "—: no paper counterpart" if found else "No paper counterpart"
+    for reason, labels in list(missing.items())[:MAX_REASONS]:
+        lines.append(f"{prefix} for {', '.join(labels)}: {reason}.")
+    if len(missing) > MAX_REASONS:
+        lines.append(f"— and {len(missing) - MAX_REASONS} more settings without a paper counterpart.")
+    return lines
+
+
+def legend_markdown(lines: Sequence[str]) -> list[str]:
+    """Legend lines as a Markdown list after a blank line (nothing when there are none)."""
+    return ["", *(f"- {line}" for line in lines)] if lines else []
+
+
+def ranked_section(rows: Sequence[Row]) -> list[str]:
+    """The ranked table of one scenario point with the paper beside it, then its legend."""
+    matches = paper_matches(rows)
+    return [summary_table(summarise(rows), matches), *legend_markdown(paper_legend(rows, matches))]
 
 
 def scenario_line(rows: Sequence[Row]) -> str:
@@ -149,7 +268,7 @@ def summary_markdown(rows: Sequence[Row], title: str, failures: Sequence[tuple[s
             "last round's sample-weighted accuracy of every client on its own test data, ± the 95% Student-t",
             "confidence half-width when there are several seeds. Wall time is per run; traffic sums all rounds.",
             "",
-            summary_table(summarise(rows)),
+            *ranked_section(rows),
         ]
     else:
         parts.append("No run has finished yet.")
@@ -197,12 +316,10 @@ def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
     return path
 
 
-def _final_accuracies(
-    rows: Sequence[Row], keys: Sequence[str], metric: str = "accuracy"
-) -> dict[tuple[str, ...], list[float]]:
-    """Final-round ``metric`` of every run, grouped by the values of ``keys`` (pooling seeds and any
-    axis that ``keys`` leave out)."""
-    finals: dict[tuple[str, ...], list[float]] = defaultdict(list)
+def _final_rows(rows: Sequence[Row], keys: Sequence[str]) -> dict[tuple[str, ...], list[Row]]:
+    """Final-round row of every run, grouped by the values of ``keys`` (pooling seeds and any axis
+    that ``keys`` leave out)."""
+    finals: dict[tuple[str, ...], list[Row]] = defaultdict(list)
     last: dict[tuple[str, ...], Row] = {}
     for row in rows:
         # A run is identified by every non-metric column, so axes a table does not show stay apart.
@@ -210,7 +327,7 @@ def _final_accuracies(
         if run not in last or int(row["round"]) > int(last[run]["round"]):
             last[run] = row
     for row in last.values():
-        finals[tuple(row[key] for key in keys)].append(as_float(row.get(metric, "")))
+        finals[tuple(row[key] for key in keys)].append(row)
     return finals
 
 
@@ -231,10 +348,8 @@ class TableData:
     rows: list[str]
     groups: list[str]
     columns: list[tuple[str, ...]]
-    finals: dict[tuple[str, ...], list[float]]
+    finals: dict[tuple[str, ...], list[Row]]
     grouped: bool
-    #: Final held-out accuracies (clients that never trained), NaN where the runs had none.
-    heldout: dict[tuple[str, ...], list[float]]
 
     @classmethod
     def of(cls, rows: Sequence[Row], spec: TableSpec) -> TableData:
@@ -247,22 +362,27 @@ class TableData:
             rows=_ordered(row[keys[0]] for row in rows),
             groups=_ordered(row[groups] for row in rows) if groups else [""],
             columns=_ordered(tuple(row[c] for c in columns) for row in rows) if columns else [()],
-            finals=_final_accuracies(rows, keys),
+            finals=_final_rows(rows, keys),
             grouped=groups is not None,
-            heldout=_final_accuracies(rows, keys, "heldout_accuracy"),
         )
 
-    def cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
-        """Final accuracies (one per seed) of one cell; empty where nothing ran."""
+    def cell_rows(self, row: str, group: str, values: tuple[str, ...]) -> list[Row]:
+        """Final rows (one per run) of one cell; empty where nothing ran."""
         return self.finals.get((row, *([group] if self.grouped else []), *values), [])
 
+    def cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
+        """Final accuracies (one per run, so one per seed) of one cell; empty where nothing ran."""
+        return [as_float(final["accuracy"]) for final in self.cell_rows(row, group, values)]
+
     def heldout_cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
-        values_ = self.heldout.get((row, *([group] if self.grouped else []), *values), [])
-        return [value for value in values_ if math.isfinite(value)]
+        """Final accuracies of the held-out clients (never trained) of one cell; empty without them."""
+        finals = (as_float(final.get("heldout_accuracy", "")) for final in self.cell_rows(row, group, values))
+        return [value for value in finals if math.isfinite(value)]
 
     @property
     def has_heldout(self) -> bool:
-        return any(math.isfinite(value) for values in self.heldout.values() for value in values)
+        finals = (final for cell in self.finals.values() for final in cell)
+        return any(math.isfinite(as_float(final.get("heldout_accuracy", ""))) for final in finals)
 
     def header(self, group: str, values: tuple[str, ...]) -> str:
         label = ", ".join(f"{name}={value}" for name, value in zip(self.axis_names, values, strict=True))
@@ -272,16 +392,29 @@ class TableData:
 def paper_table(rows: Sequence[Row], spec: TableSpec) -> str:
     """Markdown in the paper's layout: methods down, column-axis values across, groups side by side.
 
-    Each cell is the mean final accuracy over seeds (± 95% CI half-width with several seeds); the
-    best cell of each column is bold. Where runs had held-out clients (never trained), each column
-    is followed by their final accuracy.
+    Each cell is the mean final accuracy over seeds (± 95% CI half-width with several seeds), then
+    the paper's number and our difference where the paper has the cell; the best of each column is bold.
+    Where runs had held-out clients (never trained), each column is followed by their final accuracy.
     """
+    return _paper_table(rows, spec)[0]
+
+
+def _paper_table(rows: Sequence[Row], spec: TableSpec) -> tuple[str, dict[str, PaperMatch]]:
+    """The table and the paper's counterpart of each cell, labelled "row header"."""
     data = TableData.of(rows, spec)
     slots = [(group, values) for group in data.groups for values in data.columns]
-    headers = [data.header(*slot) + (f" | {data.header(*slot)} held-out" if data.has_heldout else "") for slot in slots]
+    matches = {
+        f"{row} {data.header(*slot)}": paper_match(data.cell_rows(row, *slot))
+        for row in data.rows
+        for slot in slots
+        if data.cell_rows(row, *slot)
+    }
+    with_paper = _with_paper(matches)
+    held = data.has_heldout
+    headers = [data.header(*slot) + (f" | {data.header(*slot)} held-out" if held else "") for slot in slots]
     lines = [
         "| " + spec.rows + " | " + " | ".join(headers) + " |",
-        "|---|" + "---|" * len(slots) * (2 if data.has_heldout else 1),
+        "|---|" + "---|" * len(slots) * (2 if held else 1),
     ]
     best = {}
     for slot in slots:
@@ -292,12 +425,16 @@ def paper_table(rows: Sequence[Row], spec: TableSpec) -> str:
         for slot in slots:
             values = data.cell(row, *slot)
             text = format_accuracy(_mean(values), confidence_half_width(values)) if values else "—"
-            cells.append(f"**{text}**" if values and _mean(values) == best[slot] else text)
-            if data.has_heldout:
-                held = data.heldout_cell(row, *slot)
-                cells.append(format_accuracy(_mean(held), confidence_half_width(held)) if held else "—")
+            text = f"**{text}**" if values and _mean(values) == best[slot] else text
+            if values and with_paper:
+                paper, delta = _paper_cells(_mean(values), matches[f"{row} {data.header(*slot)}"])
+                text += f" (paper {paper}, {delta})" if paper != "—" else " (paper —)"
+            cells.append(text)
+            if held:
+                heldout = data.heldout_cell(row, *slot)
+                cells.append(format_accuracy(_mean(heldout), confidence_half_width(heldout)) if heldout else "—")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines), matches
 
 
 def table_figure(rows: Sequence[Row], spec: TableSpec, path: Path, title: str) -> Path:
@@ -336,7 +473,8 @@ def tables_markdown(rows: Sequence[Row], specs: Sequence[TableSpec], title: str,
         ]
     for number, spec in enumerate(specs, start=1):
         figure = table_figure(rows, spec, out / f"table-{number}.png", spec.title or title) if rows else None
-        parts += ["", f"## {spec.title or f'Table {number}'}", "", paper_table(rows, spec) if rows else "(no runs)"]
+        table, matches = _paper_table(rows, spec) if rows else ("(no runs)", {})
+        parts += ["", f"## {spec.title or f'Table {number}'}", "", table, *legend_markdown(paper_legend(rows, matches))]
         if figure:
             parts += ["", f"![{spec.title or f'Table {number}'}]({figure.name})"]
     return "\n".join(parts) + "\n"
@@ -363,15 +501,111 @@ def render(out: Path, title: str, kind: str, specs: Sequence[TableSpec], setting
         (out / "summary.md").write_text(summary_markdown(rows, title, failures))
         if rows:
             convergence_plot(rows, out / "convergence.png", f"{title}: {scenario_line(rows)}")
-        return summary_table(summarise(rows)) if rows else "no run finished"
+        return "\n".join(ranked_section(rows)) if rows else "no run finished"
     sections = [f"# {title}: every scenario point", ""]
     for number, point_rows in enumerate(scenario_groups(rows, setting_columns).values(), start=1):
         labels = ", ".join(f"{c}={point_rows[0][c]}" for c in setting_columns if point_rows[0][c] != "")
         figure = convergence_plot(point_rows, out / f"convergence-{number}.png", scenario_line(point_rows))
-        sections += [f"## {labels}", "", summary_table(summarise(point_rows)), "", f"![convergence]({figure.name})", ""]
+        sections += [f"## {labels}", "", *ranked_section(point_rows), "", f"![convergence]({figure.name})", ""]
     if failures:
         sections += ["Runs that did not finish:", ""] + [f"- `{name}`: {status}" for name, status in failures]
     (out / "summary.md").write_text("\n".join(sections) + "\n")
     tables = tables_markdown(rows, specs, title, out)
     (out / "tables.md").write_text(tables)
     return tables
+
+
+# The first line of a generated reproduction report; a file without it holds hand-written prose.
+GENERATED_MARKER = "<!-- generated by fedcond reproduction"
+NOTES_FILE = "reproduction-notes.md"
+
+
+def with_variants(rows: Sequence[Row], settings: Mapping[str, object]) -> list[Row]:
+    """Rows of a metrics.csv written before the tidy file named the fingerprint and conditioning:
+    those come from the experiment's fixed settings, else they were the defaults."""
+    filled = []
+    for row in rows:
+        missing = {key: str(settings.get(key, VARIANT_DEFAULTS[key])) for key in VARIANT_COLUMNS if not row.get(key)}
+        filled.append({**row, **missing})
+    return filled
+
+
+def comparison_table(summaries: Sequence[MethodSummary], matches: Mapping[str, PaperMatch]) -> str:
+    """Markdown: method | ours (mean ± 95% CI) | paper | Δ | seeds | time per run."""
+    lines = ["| method | ours | paper | Δ | seeds | time per run |", "|---|---|---|---|---|---|"]
+    for s in summaries:
+        cells = [
+            s.method,
+            format_accuracy(s.final_mean, s.final_half_width),
+            *_paper_cells(s.final_mean, matches.get(s.method)),
+        ]
+        cells += [str(s.seeds), format_duration(s.wall_seconds) if math.isfinite(s.wall_seconds) else "n/a"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _link(path: Path, base: Path) -> str:
+    """``path`` relative to the report's folder, with forward slashes (Markdown links)."""
+    return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
+
+
+def folder_section(folder: Path, base: Path) -> list[str]:
+    """One results folder in the reproduction report: per scenario point, ours beside the paper's."""
+    experiment = load_experiment(folder)
+    metrics = folder / METRICS_FILE
+    if not metrics.is_file():
+        raise FedcondError(f"{folder} holds no {METRICS_FILE}; run fedcond report {folder} first")
+    rows = with_variants(read_metrics(metrics), experiment.settings)
+    link = _link(folder, base)
+    parts = [f"### {experiment.title}", "", f"Results folder [{link}]({link}): [tables]({link}/tables.md), "
+             f"[summary]({link}/summary.md), every run's history.csv and run.json.", ""]  # fmt: skip
+    if not rows:
+        return [*parts, "No run has finished yet.", ""]
+    setting_columns = [column_name(axis) for axis in experiment.setting_axes]
+    # The same grouping and numbering as render(), so the figure names match.
+    points = [rows] if experiment.kind == "compare" else list(scenario_groups(rows, setting_columns).values())
+    epochs = experiment.settings.get("local-epochs")
+    for number, point_rows in enumerate(points, start=1):
+        figure = folder / ("convergence.png" if experiment.kind == "compare" else f"convergence-{number}.png")
+        fractions, rounds = _budget(point_rows)
+        seeds = sorted({row["seed"] for row in point_rows}, key=int)
+        matches = paper_matches(point_rows)
+        budget = f"{rounds} rounds" + (f" of {epochs} local epoch{'s' * (epochs != 1)}" if epochs else "")
+        # Axes beyond the standard settings (a fingerprint variant, say) tell points apart too.
+        extra = [f"{column}={point_rows[0][column]}" for column in setting_columns[len(SETTING_COLUMNS) :]]
+        parts += [
+            f"#### {', '.join([scenario_line(point_rows), *extra])}",
+            "",
+            f"{budget}, data fraction {', '.join(fractions)}, seeds {', '.join(seeds)}.",
+            "",
+            comparison_table(summarise(point_rows), matches),
+            *legend_markdown(paper_legend(point_rows, matches)),
+            "",
+            f"![convergence]({_link(figure, base)})"
+            if figure.is_file()
+            else "(no convergence figure yet: `fedcond report` on this folder draws it)",
+            "",
+        ]
+    return parts
+
+
+def reproduction_markdown(folders: Sequence[Path], notes: str, command: str, base: Path) -> str:
+    """The reproduction report: the hand-written notes verbatim, then every folder's results beside
+    the paper's (links relative to ``base``, the report's folder)."""
+    do_not_edit = f"do not edit; edit the notes file and regenerate with `{command}`"
+    parts = [
+        f"{GENERATED_MARKER}: {do_not_edit} -->",
+        "",
+        notes.rstrip(),
+        "",
+        "## Results beside the paper (generated)",
+        "",
+        f"*This section is generated from the results folders below: {do_not_edit}.* Ours: final-round mean "
+        "client test accuracy, the mean over seeds ± the 95% Student-t half-width with several seeds. Paper: the "
+        "paper's number for the same setting (experiments/paper/results.md); Δ: ours minus paper, in accuracy "
+        "points. Time per run: mean wall time of one run on the machine that ran it.",
+        "",
+    ]
+    for folder in folders:
+        parts += folder_section(folder, base)
+    return "\n".join(parts).rstrip() + "\n"

@@ -1,0 +1,181 @@
+"""The paper's own protocol: centrally pooled training, as a reference beside the federated methods.
+
+The paper never ran federated rounds. It trained Conditional on the pooled union of every client's
+(x, fingerprint, y) triples, Oracle on each true cluster's pooled data, and a global model on all
+of it, each as one continuous SGD run (20 epochs, SGD 0.01, momentum 0.9, batch 64). These three
+methods do exactly that, in-process and without Flower, on the *same* split, fingerprints,
+normalisation, models, seeds and history format as the federated methods:
+
+- ``pooled-conditional``: one conditioned model; every sample carries its own client's fingerprint;
+- ``pooled-oracle``: one plain model per true cluster, on that cluster's pooled clients;
+- ``pooled-global``: one plain model on every training client's data.
+
+A "round" here is ``local-epochs`` epochs over the pooled data (one epoch with the paper's
+protocol), so ``history.csv`` has one row per epoch and the convergence plots line up with the
+federated methods' rounds. The optimiser (its momentum) and the batch order continue across rounds,
+as in one centralised run. After every round every client evaluates the model it would use on its
+own test split, exactly as in the federation. Held-out clients (``held-out-clients``) never
+contribute training samples nor to the normalisation statistics; they are evaluated with their
+own fingerprint (``pooled-conditional``) or their cluster's model (``pooled-oracle``), which asks
+whether the pooled model learnt to *describe* a distribution or to *identify* the training clients.
+
+Comparing ``pooled-conditional`` with ``conditional`` separates "is our implementation of the
+method right" from "does the method survive federated averaging".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedcond import fingerprint as fp
+from fedcond.client_data import ClientData, client_fingerprint, load_client_data
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.history import RoundRecord, RunRecorder, results_folder
+from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
+from fedcond.models import ConditionalCNN, build_run_model, count_parameters
+from fedcond.scenarios import format_summary, scenario_for
+from fedcond.training import TrainSettings, evaluate, new_optimiser, pick_device, run_epochs
+
+#: What each pooled method trains: one model for everyone, or one per true cluster; conditioned or not.
+POOLED_METHODS = {
+    "pooled-conditional": ("all", True),
+    "pooled-oracle": ("cluster", False),
+    "pooled-global": ("all", False),
+}
+
+
+@dataclass
+class PooledModel:
+    """One model of a pooled run, the clients whose training data it pools, and its optimiser state."""
+
+    model: ConditionalCNN
+    members: list[ClientData]
+    optimiser: torch.optim.Optimizer
+    generator: torch.Generator
+    data: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def normalised_fingerprints(config: RunConfig, clients: list[ClientData]) -> dict[int, np.ndarray]:
+    """Every client's fingerprint as the model is fed it, by partition id.
+
+    ``federated`` z-scores with the training clients' mean and population standard deviation: the
+    same numbers the federation's secure sum publishes, so held-out clients are normalised with
+    statistics their data never entered.
+    """
+    raw = {client.partition_id: client_fingerprint(config, client) for client in clients}
+    training = np.stack([raw[pid] for pid in range(config.num_training_clients)])
+    mean, std = fp.mean_and_std(training.sum(axis=0), (training**2).sum(axis=0), len(training))
+    return {pid: fp.normalise(vector, config.normalisation, mean, std) for pid, vector in raw.items()}
+
+
+def _pooled_model(
+    config: RunConfig, members: list[ClientData], num_classes: int, conditions: dict[int, np.ndarray] | None, index: int
+) -> PooledModel:
+    device = pick_device()
+    model = build_run_model(config, num_classes, conditions is not None).to(device)
+    images = np.concatenate([client.train_x for client in members])
+    labels = np.concatenate([client.train_y for client in members])
+    rows = None
+    if conditions is not None:
+        rows = np.concatenate([np.repeat(conditions[c.partition_id][None, :], len(c.train_y), axis=0) for c in members])
+        rows = torch.from_numpy(rows.astype(np.float32)).to(device)
+    data = (torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device), rows)
+    settings = train_settings(config)
+    # One batch-order stream per model, continued across rounds like one centralised run.
+    seed = int(np.random.SeedSequence([config.seed, index, len(POOLED_METHODS)]).generate_state(1)[0])
+    return PooledModel(model, members, new_optimiser(model, settings), torch.Generator().manual_seed(seed), data)
+
+
+def train_settings(config: RunConfig) -> TrainSettings:
+    return TrainSettings(config.local_epochs, config.batch_size, config.learning_rate, config.momentum)
+
+
+def run_pooled(config: RunConfig) -> RunRecorder:
+    """Train ``config.method`` (a pooled method) to the end; the results folder says how it went."""
+    if config.method not in POOLED_METHODS:
+        raise FedcondError(f"'{config.method}' is not a pooled method; choose one of {', '.join(POOLED_METHODS)}")
+    config = config.resolved()
+    scope, conditioned = POOLED_METHODS[config.method]
+    scenario = scenario_for(config)
+    folder = results_folder(config)
+    details = {
+        "method": {"name": config.method, "summary": _SUMMARIES[config.method], "conditioned": conditioned},
+        "protocol": "pooled",
+        "scenario": scenario.summary(),
+        "model_parameters": count_parameters(build_run_model(config, scenario.num_classes, conditioned)),
+        "conditioning": (
+            {"fingerprint": config.fingerprint, "conditioning": config.conditioning} if conditioned else None
+        ),
+    }
+    recorder = RunRecorder(folder, config, details, scenario.num_clusters)
+    if config.verbose:
+        print(f"fedcond: {config.method} (pooled, no federation) on {config.dataset} {config.scenario}", flush=True)
+        print(format_summary(details["scenario"]), flush=True)
+        print(f"fedcond: results folder {folder}", flush=True)
+    try:
+        _train_and_record(config, scenario.num_classes, scope, conditioned, recorder)
+    except FedcondError as error:
+        recorder.fail(str(error))
+        raise
+    if config.verbose:
+        print(f"fedcond: finished; history.csv and run.json written to {folder}", flush=True)
+    return recorder
+
+
+_SUMMARIES = {
+    "pooled-conditional": "the paper's protocol: one conditioned CNN on every client's pooled data",
+    "pooled-oracle": "the paper's protocol: one CNN per true cluster on that cluster's pooled data",
+    "pooled-global": "the paper's protocol: one CNN on every client's pooled data",
+}
+
+
+def _train_and_record(
+    config: RunConfig, num_classes: int, scope: str, conditioned: bool, recorder: RunRecorder
+) -> None:
+    clients = [load_client_data(config, pid) for pid in range(config.num_clients)]
+    training = clients[: config.num_training_clients]
+    conditions = normalised_fingerprints(config, clients) if conditioned else None
+    if scope == "all":
+        groups = [training]
+    else:
+        groups = [[c for c in training if c.cluster == cluster] for cluster in range(recorder.num_clusters)]
+    models = [_pooled_model(config, members, num_classes, conditions, index) for index, members in enumerate(groups)]
+    # Which model each client (held-out ones too) is evaluated with: its cluster's, or the only one.
+    model_of = {c.partition_id: models[c.cluster if scope == "cluster" else 0].model for c in clients}
+    settings = train_settings(config)
+    started = time.perf_counter()
+    for round_number in range(1, config.num_server_rounds + 1):
+        round_start = time.perf_counter()
+        losses = [(run_epochs(m.model, m.optimiser, m.data, settings, m.generator), len(m.data[1])) for m in models]
+        evaluations = {True: [], False: []}
+        for client in clients:
+            condition = conditions[client.partition_id] if conditions is not None else None
+            result = evaluate(model_of[client.partition_id], client.test_x, client.test_y, condition)
+            held_out = client.partition_id >= config.num_training_clients
+            evaluations[held_out].append(
+                ClientEvaluation(client.cluster, result.num_samples, result.loss, result.accuracy)
+            )
+        accuracy, loss, per_cluster = summarise_evaluations(evaluations[False])
+        heldout = summarise_evaluations(evaluations[True])[0] if evaluations[True] else float("nan")
+        now = time.perf_counter()
+        record = RoundRecord(
+            round=round_number,
+            accuracy=accuracy,
+            loss=loss,
+            train_loss=weighted_mean(losses),
+            seconds=now - round_start,
+            elapsed_seconds=now - started,
+            bytes_down=0,
+            bytes_up=0,
+            cluster_accuracy=per_cluster,
+            heldout_accuracy=heldout,
+        )
+        recorder.add(record)
+        if config.verbose:
+            print(record.progress_line(config.num_server_rounds), flush=True)
+    recorder.finish()

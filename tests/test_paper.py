@@ -1,0 +1,209 @@
+"""The paper's numbers: the matcher on known cells, the paper column of the reports, the reproduction report."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from fedcond.paper import DATASETS, DOMAIN_DATASET, EXPERIMENTS, METHODS, PaperCell, load_cells, lookup, paper_csv
+from fedcond.tools.cli import main
+from fedcond.tools.experiment import Experiment, TableSpec
+from fedcond.tools.report import paper_table, render
+from fedcond.tools.report import summary_markdown as compare_summary
+
+
+def ours(**settings: str) -> dict[str, str]:
+    """A tidy row of one of our runs: MNIST E1 K=5 x 5 clients, the paper's conditional, unless told."""
+    row = {
+        "dataset": "mnist", "scenario": "label-shift", "num_clusters": "5", "clients_per_cluster": "5",
+        "data_fraction": "1.0", "rotations": "", "fingerprint": "eigen", "conditioning": "concat",
+        "method": "conditional",
+    }  # fmt: skip
+    return {**row, **settings}
+
+
+def test_the_csv_is_found_from_the_package_and_holds_only_results_cells():
+    assert paper_csv().parts[-3:] == ("experiments", "paper", "results.csv")
+    cells = load_cells()
+    assert len(cells) > 1000
+    # Derived rows (Table III's Δ and Mean, Table V's relative change) and the MCDC tables are not results.
+    assert not {cell.method for cell in cells} & {"Cond-Oracle", "Cond"}
+    assert {cell.experiment for cell in cells} == set(EXPERIMENTS.values())
+
+
+def test_every_name_we_map_to_is_spelled_as_in_the_csv():
+    cells = load_cells()
+    assert set(DATASETS.values()) | {DOMAIN_DATASET} <= {cell.dataset for cell in cells}
+    assert set(METHODS.values()) <= {cell.method for cell in cells}
+
+
+def test_known_cells():
+    match = lookup(ours())
+    assert match.value == 1.00 and match.tables == ("II", "X") and not match.reason
+    match = lookup(ours(scenario="concept-permutation", num_clusters="2", method="oracle"))
+    assert match.value == 0.992 and match.tables == ("IV", "XVII", "XVIII")
+    assert lookup(ours(scenario="concept-permutation", num_clusters="2", method="fedavg")).others == (
+        (0.494, ("XVIII",)),
+    )
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion-mnist"])
+def test_domain_shift_is_the_paper_mnist_plus_fmnist_whichever_source_names_the_run(dataset):
+    row = ours(scenario="domain", dataset=dataset, num_clusters="2")
+    match = lookup(row)
+    assert match.value == 0.955 and match.tables == ("I", "XIX")
+    # E4a's Sparse level is 25 clients per cluster (E1-E3's is 20).
+    assert lookup({**row, "clients_per_cluster": "25"}).value == 0.956
+    assert not lookup({**row, "clients_per_cluster": "20"}).found
+    assert lookup(ours(num_clusters="2", clients_per_cluster="20")).tables == ("XI",)
+
+
+@pytest.mark.parametrize("rotations", ["C3", "c3", "", "0,90,180,270"])
+def test_rotation_set_c3_also_matches_table_one_whose_label_says_k4(rotations):
+    row = ours(scenario="covariate-rotation", dataset="fashion-mnist", num_clusters="4", rotations=rotations)
+    match = lookup({**row, "method": "fedavg"})
+    assert match.value == 0.789 and match.tables == ("I", "XV")
+    assert any("5 assumed" in note for note in match.notes) and any("C3" in note for note in match.notes)
+    assert lookup({**row, "rotations": "C4"}).value == 0.903  # the other K=4 set has its own numbers
+
+
+def test_unstated_clients_per_cluster_are_matched_by_five_only():
+    row = ours(scenario="covariate-rotation", num_clusters="2", rotations="C1", clients_per_cluster="10")
+    assert not lookup(row).found and "prints no" in lookup(row).reason
+    assert lookup({**row, "clients_per_cluster": "5"}).value == 0.990
+
+
+def test_duplicate_cells_prefer_the_value_most_tables_print_then_the_first_table():
+    match = lookup(ours(dataset="fashion-mnist", num_clusters="2", method="oracle"))
+    assert (match.value, match.tables, match.others) == (0.937, ("II", "X"), ((0.938, ("XI",)),))
+    # Two tables each (II and X against V and XI): the first printed wins, the other is kept.
+    match = lookup(ours(dataset="cifar10", num_clusters="2", method="fedavg"))
+    assert (match.value, match.tables, match.others) == (0.735, ("II", "X"), ((0.709, ("V", "XI")),))
+    # E4b C=2: Tables III and XX print .920 without clients per cluster, XXI .919 with 5.
+    match = lookup(ours(scenario="combined", dataset="cifar10", num_clusters="4"))
+    assert (match.value, match.tables) == (0.92, ("III", "XX"))
+
+
+def test_a_value_printed_by_more_tables_beats_the_first_printed_one():
+    # No setting of the real CSV tells the two rules apart, so three made-up printings do.
+    cells = tuple(
+        PaperCell(table, "E1", "MNIST", 5, 5, "", "Conditional", value)
+        for table, value in (("II", 0.90), ("X", 0.91), ("XI", 0.91))
+    )
+    match = lookup(ours(), cells)
+    assert (match.value, match.tables, match.others) == (0.91, ("X", "XI"), ((0.90, ("II",)),))
+
+
+def test_the_pooled_family_maps_onto_the_paper_columns():
+    assert lookup(ours(method="pooled-conditional")).value == 1.00
+    assert lookup(ours(method="pooled-oracle")).value == 0.999
+    assert lookup(ours(method="pooled-global")).value == lookup(ours(method="fedavg")).value == 0.933
+
+
+def test_our_variants_and_datasets_the_paper_lacks_have_no_counterpart():
+    variant = lookup(ours(fingerprint="class-mean"))
+    assert not variant.found and "class-mean" in variant.reason and "variant" in variant.reason
+    assert not lookup(ours(method="pooled-conditional", conditioning="hyper")).found
+    # The fingerprint of a method that takes none does not matter.
+    assert lookup(ours(method="oracle", fingerprint="class-mean")).value == 0.999
+    assert lookup(ours(dataset="digits")).reason == "the paper has no digits results"
+    assert not lookup(ours(num_clusters="7")).found
+    # Rows of a metrics.csv older than the fingerprint column ran the paper's method.
+    old = {key: value for key, value in ours().items() if key not in ("fingerprint", "conditioning")}
+    assert lookup(old).value == 1.00
+
+
+def metrics_rows(data_fraction: str = "0.1") -> list[dict[str, str]]:
+    """Two seeds of three methods on MNIST E1 K=5, and one digits run, with known final accuracies."""
+    finals = {"conditional": [0.90, 0.92], "fedavg": [0.50, 0.50], "pooled-conditional": [0.95, 0.95]}
+    rows = []
+    for method, accuracies in finals.items():
+        for seed, final in enumerate(accuracies):
+            for number in (1, 2):
+                rows.append({
+                    **ours(method=method, data_fraction=data_fraction), "seed": str(seed), "round": str(number),
+                    "fingerprint": "class-mean" if method == "pooled-conditional" else "eigen",
+                    "accuracy": str(final if number == 2 else final / 2), "loss": "1", "seconds": "2",
+                    "bytes_down": "1000", "bytes_up": "1000", "ari": "nan", "train_loss": "1",
+                    "elapsed_seconds": str(60 * number),
+                })  # fmt: skip
+    return rows
+
+
+def write_rows(path: Path, rows: list[dict[str, str]]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_the_summary_shows_the_paper_and_our_difference_and_says_what_has_none(tmp_path):
+    write_rows(tmp_path / "metrics.csv", metrics_rows())
+    printed = render(tmp_path, "E1", "compare", [], [], [])
+    assert "| paper | Δ vs paper |" in printed
+    assert "| 2 | conditional | 2 | 0.910 ± 0.127 | 1.000 | -9.0 |" in printed
+    assert "| 3 | fedavg | 2 | 0.500 ± 0.000 | 0.933 | -43.3 |" in printed
+    assert "| 1 | pooled-conditional | 2 | 0.950 ± 0.000 | — | — |" in printed
+    summary = (tmp_path / "summary.md").read_text()
+    assert "no paper counterpart for pooled-conditional" in summary and "class-mean" in summary
+    assert "data-fraction 0.1" in summary  # the paper's numbers are full-data: said beside the comparison
+
+
+def test_full_data_needs_no_budget_warning_and_digits_gets_no_paper_column():
+    rows = metrics_rows(data_fraction="1.0")
+    assert "full-data" not in compare_summary(rows, "t")
+    digits = compare_summary([{**row, "dataset": "digits"} for row in rows], "t")
+    assert "| paper |" not in digits and "No paper counterpart for" in digits and "no digits results" in digits
+
+
+def test_paper_table_cells_carry_the_paper_number():
+    rows = metrics_rows() + [{**row, "num_clusters": "2"} for row in metrics_rows()]
+    table = paper_table(rows, TableSpec(columns=("num-clusters",), groups="dataset"))
+    assert "| conditional | 0.910 ± 0.127 (paper 0.996, -8.6) | 0.910 ± 0.127 (paper 1.000, -9.0) |" in table
+    assert "0.950 ± 0.000** (paper —)" in table
+
+
+def results_folder(folder: Path, rows: list[dict[str, str]]) -> Path:
+    folder.mkdir(parents=True)
+    experiment = Experiment({"data-fraction": 0.1}, {"method": ["conditional", "fedavg"], "seed": [0, 1]},
+                            title="E1 quick", kind="compare")  # fmt: skip
+    (folder / "experiment.json").write_text(json.dumps(experiment.to_json()))
+    write_rows(folder / "metrics.csv", rows)
+    (folder / "convergence.png").write_bytes(b"png")
+    return folder
+
+
+def test_reproduction_writes_the_notes_verbatim_then_the_tables(tmp_path, capsys):
+    folder = results_folder(tmp_path / "results" / "e1", metrics_rows())
+    notes = tmp_path / "reproduction-notes.md"
+    notes.write_text("# Reproduction\n\nHand-written *discussion* | kept as is.\n")
+    out = tmp_path / "REPRODUCTION.md"
+    assert main(["reproduction", str(folder), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("<!-- generated by fedcond reproduction") and "do not edit" in text.splitlines()[0]
+    assert "Hand-written *discussion* | kept as is." in text
+    assert "| conditional | 0.910 ± 0.127 | 1.000 | -9.0 | 2 | 2 min |" in text
+    assert "![convergence](results/e1/convergence.png)" in text and "rounds of" not in text
+    assert str(tmp_path) not in text  # links are relative: no machine's paths in the report
+    notes.write_text("# Reproduction\n\nRevised.\n")
+    assert main(["reproduction", str(folder), "--out", str(out)]) == 0  # a generated file is regenerated
+    assert "Revised." in out.read_text()
+
+
+def test_reproduction_errors_name_the_fix(tmp_path, capsys):
+    folder = results_folder(tmp_path / "e1", metrics_rows())
+    out = tmp_path / "REPRODUCTION.md"
+    assert main(["reproduction", str(folder), "--out", str(out)]) == 2
+    assert "no notes file" in capsys.readouterr().err
+    (tmp_path / "reproduction-notes.md").write_text("notes\n")
+    out.write_text("# Typed by hand\n")
+    assert main(["reproduction", str(folder), "--out", str(out)]) == 2
+    assert "written by hand; move its prose into" in capsys.readouterr().err
+    assert out.read_text() == "# Typed by hand\n"
+    out.unlink()
+    (folder / "metrics.csv").unlink()
+    assert main(["reproduction", str(folder), "--out", str(out)]) == 2
+    assert "holds no metrics.csv; run fedcond report" in capsys.readouterr().err
+    assert main(["reproduction", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    assert "holds no experiment.json" in capsys.readouterr().err

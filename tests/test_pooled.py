@@ -1,0 +1,110 @@
+"""The paper's pooled protocol: same split, fingerprints and history as the federation, no Flower."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedcond.client_data import client_fingerprint, load_client_data
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.fingerprint import mean_and_std, standardise
+from fedcond.models import build_model
+from fedcond.pooled import normalised_fingerprints, run_pooled
+from fedcond.tools.experiment import expand_methods
+from fedcond.training import TrainSettings, train
+from strategies.registry import federated, get_method, method_names
+
+
+def small(method: str, **extra: object) -> RunConfig:
+    values = {
+        "method": method, "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 2,
+        "verbose": False, **extra,
+    }  # fmt: skip
+    return RunConfig.from_mapping(values)
+
+
+def history(folder) -> list[dict[str, str]]:
+    with (folder / "history.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("method", ["pooled-conditional", "pooled-oracle", "pooled-global"])
+def test_pooled_run_writes_one_row_per_epoch_with_held_out_accuracy(method):
+    recorder = run_pooled(small(method, **{"held-out-clients": 1}))
+    info = json.loads((recorder.folder / "run.json").read_text())
+    rows = history(recorder.folder)
+    assert info["status"] == "finished" and info["protocol"] == "pooled"
+    assert [row["round"] for row in rows] == ["1", "2"]
+    assert all(0.0 <= float(row["heldout_accuracy"]) <= 1.0 for row in rows)
+    assert all(float(row["bytes_down"]) == 0 for row in rows)  # nothing travels
+    assert float(rows[-1]["accuracy"]) > 0.5  # digits, two easy label-shift clusters
+
+
+def test_per_sample_conditions_equal_to_one_fingerprint_train_identically():
+    """Pooled rows that all hold the same fingerprint are exactly a client's single fingerprint."""
+    rng = np.random.default_rng(0)
+    images = rng.random((40, 1, 8, 8), dtype=np.float32)
+    labels = rng.integers(0, 10, 40)
+    fingerprint = rng.standard_normal(4)
+    settings = TrainSettings(epochs=2, batch_size=16, learning_rate=0.05, momentum=0.9)
+    one, rows = build_model((1, 8, 8), 10, 4, seed=3), build_model((1, 8, 8), 10, 4, seed=3)
+    loss_one = train(one, images, labels, fingerprint, settings, seed=7)
+    loss_rows = train(rows, images, labels, np.tile(fingerprint, (40, 1)), settings, seed=7)
+    assert loss_one == pytest.approx(loss_rows, rel=1e-6)
+    for a, b in zip(one.parameters(), rows.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_per_sample_conditions_reach_the_model_per_sample():
+    """Different rows give a different update than their mean: each sample gets its own vector."""
+    rng = np.random.default_rng(1)
+    images = rng.random((32, 1, 8, 8), dtype=np.float32)
+    labels = rng.integers(0, 10, 32)
+    rows = rng.standard_normal((32, 4))
+    settings = TrainSettings(epochs=1, batch_size=8, learning_rate=0.05, momentum=0.0)
+    per_sample, averaged = build_model((1, 8, 8), 10, 4, seed=3), build_model((1, 8, 8), 10, 4, seed=3)
+    train(per_sample, images, labels, rows, settings, seed=7)
+    train(averaged, images, labels, rows.mean(axis=0), settings, seed=7)
+    first = per_sample.classifier[0].weight
+    assert not torch.allclose(first, averaged.classifier[0].weight)
+
+
+def test_normalisation_uses_training_clients_only_like_the_secure_sum():
+    config = small("pooled-conditional", **{"held-out-clients": 1}).resolved()
+    clients = [load_client_data(config, pid) for pid in range(config.num_clients)]
+    raw = np.stack([client_fingerprint(config, c) for c in clients[: config.num_training_clients]])
+    mean, std = mean_and_std(raw.sum(axis=0), (raw**2).sum(axis=0), len(raw))
+    fed = normalised_fingerprints(config, clients)
+    held_out = clients[-1]
+    np.testing.assert_allclose(fed[held_out.partition_id], standardise(client_fingerprint(config, held_out), mean, std))
+    np.testing.assert_allclose(fed[0], standardise(raw[0], mean, std))
+
+
+def test_pooled_methods_are_named_apart_from_the_federated_ones():
+    assert method_names("pooled") == ["pooled-conditional", "pooled-oracle", "pooled-global"]
+    assert not set(method_names("all")) & set(method_names("pooled"))
+    assert expand_methods(["conditional", "pooled"]) == ["conditional", *method_names("pooled")]
+    bundle = {"label": "variant", "method": "conditional", "conditioning": "hyper"}
+    assert expand_methods(["fedavg", bundle]) == ["fedavg", bundle]
+    with pytest.raises(FedcondError, match="label"):
+        expand_methods([{"method": "conditional"}])
+
+
+def test_flower_refuses_pooled_methods_with_the_fix():
+    with pytest.raises(FedcondError, match="fedcond run, compare or sweep"):
+        federated(get_method("pooled-conditional"))
+    federated(get_method("conditional"))
+
+
+def test_a_pooled_run_that_fails_is_recorded_failed(monkeypatch, tmp_path):
+    def broken(*args, **kwargs):
+        raise FedcondError("training loss became nan; lower learning-rate")
+
+    monkeypatch.setattr("fedcond.pooled.run_epochs", broken)
+    with pytest.raises(FedcondError):
+        run_pooled(small("pooled-global", **{"run-name": "broken", "results-dir": str(tmp_path)}))
+    info = json.loads((tmp_path / "broken" / "run.json").read_text())
+    assert info["status"] == "failed" and "learning-rate" in info["error"]
