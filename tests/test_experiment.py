@@ -231,9 +231,12 @@ def test_the_fingerprint_study_grids_plan_the_studys_44_runs_with_held_out_clien
 
 def test_paper_tables_show_held_out_accuracy_beside_each_column():
     rows = [
-        {"variant": variant, "experiment": "e1", "seed": "0", "round": "1", "accuracy": accuracy,
+        {"variant": variant, "method": method, "experiment": "e1", "seed": "0", "round": "1", "dataset": "digits",
+         "scenario": "label-shift", "num_clusters": "5", "clients_per_cluster": "3", "data_fraction": "0.1",
+         "rotations": "", "fingerprint": "eigen", "conditioning": "hyper", "accuracy": accuracy,
          "heldout_accuracy": held}
-        for variant, accuracy, held in [("fedavg", "0.6", "0.5"), ("eigen/hyper", "0.9", "0.4")]
+        for variant, method, accuracy, held in [("fedavg", "fedavg", "0.6", "0.5"),
+                                                ("eigen/hyper", "conditional", "0.9", "0.4")]
     ]  # fmt: skip
     table = paper_table(rows, TableSpec(columns=("experiment",), rows="variant"))
     header, _, *lines = table.splitlines()
