@@ -20,7 +20,7 @@ from flwr.common import Context
 from fedcond.client_data import ClientData, load_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.methods import check_federated, get_method
+from strategies.registry import federated, get_method, run_config
 
 
 def build_client(context: Context, config: RunConfig) -> Client:
@@ -35,9 +35,9 @@ def build_client(context: Context, config: RunConfig) -> Client:
     if "data-dir" in context.node_config:
         config = config.replace(data_dir=str(context.node_config["data-dir"]))
     method = get_method(config.method)
-    check_federated(method)
     data = node_data(context, config, partition_id)
-    return method.make_client(config, data, context, method.conditioned).to_client()  # type: ignore[misc]
+    client, _ = federated(method)
+    return client(config, data, context, method.conditioned).to_client()
 
 
 def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientData:
@@ -52,7 +52,7 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     """A ClientApp reading its settings from the run config, or from ``config`` when given (tests)."""
 
     def client_fn(context: Context) -> Client:
-        return build_client(context, config or RunConfig.from_mapping(context.run_config))
+        return build_client(context, config or run_config(context.run_config))
 
     return ClientApp(client_fn=client_fn)
 

@@ -6,11 +6,14 @@ import dataclasses
 
 import numpy as np
 
-from clients.numpy_client import FedcondClient
+from clients.numpy_client import Evaluated, FedcondClient, Fitted
+from fedcond.config import Option
 from fedcond.models import set_weights
 from fedcond.training import ProximalTerm
 
 PERSONAL_MODEL = "ditto-personal-model"
+LAMBDA = Option("ditto-lambda", 1.0, "Ditto: strength of the pull of the personal model to the global", minimum=0)
+PERSONAL_EPOCHS = Option("ditto-personal-epochs", 5, "Ditto: local epochs of the personal model per round", minimum=1)
 
 
 class DittoClient(FedcondClient):
@@ -19,21 +22,19 @@ class DittoClient(FedcondClient):
     model as FedAvg does and return it. Evaluation uses the personal model.
     """
 
-    def train_round(
-        self, parameters: list[np.ndarray], config: dict[str, object]
-    ) -> tuple[list[np.ndarray], int, dict[str, object]]:
+    options = (LAMBDA, PERSONAL_EPOCHS)
+
+    def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         set_weights(self.model, parameters)
         personal = self.stored_model(PERSONAL_MODEL) or self.fresh_model()
-        settings = dataclasses.replace(self.train_settings, epochs=self.config.ditto_personal_epochs)
-        proximal = ProximalTerm(anchor=self.model, strength=self.config.ditto_lambda)
-        self.train_locally(personal, config, settings, stream=1, proximal=proximal)
+        settings = dataclasses.replace(self.train_settings, epochs=PERSONAL_EPOCHS.of(self.run_config))
+        proximal = ProximalTerm(anchor=self.model, strength=LAMBDA.of(self.run_config))
+        self.train_locally(personal, round_config, settings, proximal)
         self.store_model(PERSONAL_MODEL, personal)
-        return super().train_round(parameters, config)
+        return super().train_round(parameters, round_config)
 
-    def evaluate_round(
-        self, parameters: list[np.ndarray], config: dict[str, object]
-    ) -> tuple[float, int, dict[str, object]]:
+    def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         personal = self.stored_model(PERSONAL_MODEL)
-        if personal is None:  # evaluated before any training: the personal model starts as the global one
-            return super().evaluate_round(parameters, config)
-        return self.evaluate_model(personal, config)
+        if personal is None:  # never trained (a held-out client, or before round 1): the global model
+            return super().evaluate_round(parameters, round_config)
+        return self.evaluate_model(personal, round_config)

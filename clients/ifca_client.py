@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.numpy_client import FedcondClient
+from clients.numpy_client import FedcondClient, Fitted
 from fedcond.aggregation import lowest_loss_choice
 from fedcond.errors import FedcondError
+from fedcond.messages import CHOICE, TRAIN_LOSS
 from fedcond.models import get_weights, set_weights
-from fedcond.protocol import CHOICE, TRAIN_LOSS
 from fedcond.training import evaluate
 
 
@@ -24,16 +24,14 @@ class IfcaClient(FedcondClient):
             raise FedcondError("IFCA received a partial set of models; server and client disagree on the model")
         return [parameters[i : i + per_model] for i in range(0, len(parameters), per_model)]
 
-    def train_round(
-        self, parameters: list[np.ndarray], config: dict[str, object]
-    ) -> tuple[list[np.ndarray], int, dict[str, object]]:
+    def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         candidates = self.split_models(parameters)
         losses = []
         for candidate in candidates:
             set_weights(self.model, candidate)
-            losses.append(evaluate(self.model, self.data.train_x, self.data.train_y, self.condition(config)).loss)
+            losses.append(evaluate(self.model, self.data.train_x, self.data.train_y, self.condition(round_config)).loss)
         choice = lowest_loss_choice(losses)
         set_weights(self.model, candidates[choice])
-        loss = self.train_locally(self.model, config)
+        loss = self.train_locally(self.model, round_config)
         metrics = {**self.identity_metrics(), TRAIN_LOSS: loss, CHOICE: choice}
         return get_weights(self.model), len(self.data.train_y), metrics

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.numpy_client import FedcondClient
-from fedcond.protocol import TRAIN_LOSS
+from clients.numpy_client import Evaluated, FedcondClient, Fitted
+from fedcond.messages import TRAIN_LOSS
+from fedcond.models import ConditionalCNN
 
 LOCAL_MODEL = "local-model"
 
@@ -13,18 +14,14 @@ LOCAL_MODEL = "local-model"
 class LocalClient(FedcondClient):
     """Ignores what the server sends (nothing) and returns no weights."""
 
-    def own_model(self):
+    def own_model(self) -> ConditionalCNN:
         return self.stored_model(LOCAL_MODEL) or self.fresh_model()
 
-    def train_round(
-        self, parameters: list[np.ndarray], config: dict[str, object]
-    ) -> tuple[list[np.ndarray], int, dict[str, object]]:
+    def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         model = self.own_model()
-        loss = self.train_locally(model, config)
+        loss = self.train_locally(model, round_config)
         self.store_model(LOCAL_MODEL, model)
         return [], len(self.data.train_y), {**self.identity_metrics(), TRAIN_LOSS: loss}
 
-    def evaluate_round(
-        self, parameters: list[np.ndarray], config: dict[str, object]
-    ) -> tuple[float, int, dict[str, object]]:
-        return self.evaluate_model(self.own_model(), config)
+    def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
+        return self.evaluate_model(self.own_model(), round_config)

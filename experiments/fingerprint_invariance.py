@@ -4,27 +4,29 @@ For 2,000 training images, the relative change ||f(changed) - f|| / ||f|| of eve
 when the labels are permuted (E3b's concept shift), when the images are rotated by 90 or 180
 degrees (E2b C3/C1), and, for scale, between two disjoint 2,000-image samples of the same
 distribution (sampling noise). A fingerprint can only separate two clusters if the first columns
-are well above the last. Writes ``experiments/results/fingerprints/invariance.md``:
+are well above the last. Then, in every federation of the study's grid files
+(``experiments/grids/fingerprints-*.toml``), how well each fingerprint separates the clusters.
+Writes ``experiments/results/fingerprints/invariance.md``; MNIST comes from ``--data-dir`` or
+``$FEDCOND_DATA_DIR``:
 
-    .venv/bin/python experiments/fingerprint_invariance.py --data-dir /work/shared/data
+    .venv/bin/python experiments/fingerprint_invariance.py --data-dir path/to/data
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import os
 from pathlib import Path
 
 import numpy as np
 
+from fedcond import fingerprint as fp
+from fedcond.client_data import rotate_images
+from fedcond.datasets import load_dataset
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from fedcond import fingerprint as fp  # noqa: E402
-from fedcond.client_data import rotate_images  # noqa: E402
-from fedcond.datasets import load_dataset  # noqa: E402
-
-DATA_FINGERPRINTS = ("eigen", "class-eigen", "class-mean", "label-cov")
+STUDY_GRIDS = sorted((ROOT / "experiments" / "grids").glob("fingerprints-*.toml"))
+DATA_FINGERPRINTS = tuple(name for name, spec in fp.FINGERPRINTS.items() if spec.needs_data)
 
 
 def relative_change(first: np.ndarray, second: np.ndarray) -> float:
@@ -42,7 +44,7 @@ def measure(data_dir: str, samples: int = 2000, dim: int = 32) -> list[tuple[str
         permutation = rng.permutation(10)
 
     def compute(name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return fp.compute_fingerprint(name, x, y, 10, dim, 0, 0, 0, 1)
+        return fp.compute_fingerprint(name, fp.ClientSample(x, y, num_classes=10, dim=dim))
 
     rows = []
     for name in DATA_FINGERPRINTS:
@@ -59,33 +61,45 @@ def measure(data_dir: str, samples: int = 2000, dim: int = 32) -> list[tuple[str
     return rows
 
 
+def study_federations(data_dir: str) -> dict[str, object]:
+    """One configuration per distinct federation of the study's grid files, by experiment label."""
+    from fedcond.scenarios import split_settings
+    from fedcond.tools.experiment import plan, read_grid_file
+    from fedcond.tools.flwr_commands import default_config
+
+    federations: dict[str, object] = {}
+    seen = set()
+    for grid in STUDY_GRIDS:
+        experiment = read_grid_file(grid)
+        for run in plan(experiment, {**default_config(), "data-dir": data_dir}, ROOT / "results" / "unused"):
+            key = tuple(split_settings(run.config).items())
+            if run.config.seed == 0 and key not in seen:
+                seen.add(key)
+                federations[run.labels.get("experiment", "e3b")] = run.config
+    return federations
+
+
 def separation(data_dir: str) -> list[str]:
     """In each study federation, how far apart clients of different clusters are, relative to clients
     of the same cluster, in the fingerprint the model would be fed (z-scored with the training
     clients' statistics, as federated normalisation does), and whether each held-out client's nearest
     training client is of its own cluster."""
-    import experiments.fingerprint_study as study
     from fedcond.client_data import load_client_data
-    from fedcond.config import RunConfig
 
     lines = [
         "| experiment | fingerprint | between / within cluster distance | held-out nearest neighbour in own cluster |",
         "|---|---|---|---|",
     ]
-    for experiment, settings in study.EXPERIMENTS.items():
-        base = {**study.COMMON, **settings, "data-dir": data_dir}
+    for experiment, base in study_federations(data_dir).items():
         for name in (*DATA_FINGERPRINTS, "random-id"):
-            config = RunConfig.from_mapping({**base, "fingerprint": name})
+            config = base.replace(fingerprint=name)
             clients = [load_client_data(config, pid) for pid in range(config.num_clients)]
-            vectors = np.array(
-                [
-                    fp.compute_fingerprint(
-                        name, c.train_x, c.train_y, c.num_classes, config.fingerprint_dim, config.seed,
-                        c.partition_id, c.cluster, config.num_clusters,
-                    )
-                    for c in clients
-                ]
-            )  # fmt: skip
+            samples = [
+                fp.ClientSample(c.train_x, c.train_y, c.num_classes, config.fingerprint_dim, config.seed,
+                                c.partition_id, c.cluster, config.num_clusters)
+                for c in clients
+            ]  # fmt: skip
+            vectors = np.array([fp.compute_fingerprint(name, sample) for sample in samples])
             clusters = np.array([c.cluster for c in clients])
             training = config.num_training_clients
             mean, std = vectors[:training].mean(0), vectors[:training].std(0)
@@ -104,8 +118,10 @@ def separation(data_dir: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default="/work/shared/data")
+    parser.add_argument("--data-dir", default=os.environ.get("FEDCOND_DATA_DIR", ""), help="folder holding MNIST")
     args = parser.parse_args()
+    if not args.data_dir:
+        parser.error("give --data-dir or set FEDCOND_DATA_DIR to the folder holding MNIST")
     rows = measure(args.data_dir)
     lines = [
         "# Relative change of each fingerprint (MNIST, 2,000 training images, fingerprint-dim 32)",
@@ -122,7 +138,7 @@ def main() -> None:
         "",
         "## Can the fingerprint tell the study's clusters apart?",
         "",
-        "Every client of each study federation (experiments/fingerprint_study.py: MNIST, 10% of the data,",
+        "Every client of each study federation (experiments/grids/fingerprints-*.toml: MNIST, 10% of the data,",
         "3 training + 1 held-out client per cluster), its fingerprint z-scored with the training clients'",
         "mean and standard deviation. A ratio near 1 means clients of other clusters are as far as clients",
         "of the same cluster: the fingerprint identifies the client, not its distribution.",

@@ -15,14 +15,29 @@ Model = list[np.ndarray]
 
 
 def weighted_average(models: Sequence[Model], weights: Sequence[float]) -> Model:
-    """Layer-wise average of ``models`` weighted by ``weights`` (sample counts for FedAvg)."""
+    """Layer-wise average of ``models`` weighted by ``weights`` (sample counts for FedAvg).
+
+    The one averaging rule of every method. It computes as Flower's ``FedAvg`` does (each model
+    scaled by its share of the total weight in its own dtype, then summed in order), so FedAvg's
+    numbers are the same whether Flower or fedcond averages.
+    """
     total = float(sum(weights))
     if not models or total <= 0:
         raise FedcondError("nothing to average: no client returned a model with samples")
-    return [
-        sum(weight * model[layer] for model, weight in zip(models, weights, strict=True)) / total
-        for layer in range(len(models[0]))
-    ]
+    shares = np.asarray([weight / total for weight in weights])
+    result = [_scaled(np.array(layer, copy=True), shares[0]) for layer in models[0]]
+    for model, share in zip(models[1:], shares[1:], strict=True):
+        for layer, update in zip(result, model, strict=True):
+            np.add(layer, _scaled(np.array(update, copy=True), share), out=layer)
+    return result
+
+
+def _scaled(layer: np.ndarray, share: np.floating) -> np.ndarray:
+    # An integer buffer (batch norm's step count) cannot hold a fraction: it is scaled in its own
+    # dtype, exactly as Flower does.
+    if np.can_cast(share, layer.dtype, casting="same_kind"):
+        return np.multiply(layer, share, out=layer)
+    return np.multiply(layer, np.array(share, layer.dtype), out=layer)
 
 
 def uniform_average(models: Sequence[Model]) -> Model:

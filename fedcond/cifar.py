@@ -24,6 +24,7 @@ CIFAR10_CLASSES = (
 
 
 def cache_dir() -> Path:
+    """Where decoded datasets, downloads and trained encoders are kept, outside the repository."""
     return Path(os.environ.get("FEDCOND_CACHE_DIR", Path.home() / ".cache" / "fedcond"))
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from fedcond.config import RunConfig
 from fedcond.datasets import load_dataset
 from fedcond.errors import FedcondError
-from fedcond.scenarios import ClientPartition, scenario_for
+from fedcond.scenarios import SPLIT_KEYS, ClientPartition, scenario_for, split_settings
 
 
 @dataclass(frozen=True)
@@ -76,26 +76,6 @@ def load_client_data(config: RunConfig, partition_id: int) -> ClientData:
         (dataset.train_y, dataset.test_y),
         scenario.num_classes,
     )
-
-
-# The settings that decide which samples a client holds (the same ones that key ``scenario_for``'s
-# cache): a partition file records them, so a client never trains on a split the run didn't ask for.
-SPLIT_KEYS = (
-    "dataset",
-    "scenario",
-    "num-clusters",
-    "clients-per-cluster",
-    "seed",
-    "rotations",
-    "data-fraction",
-    "covariate-clusters",
-)
-
-
-def split_settings(config: RunConfig) -> dict[str, object]:
-    """``config``'s values of ``SPLIT_KEYS``."""
-    mapping = config.to_mapping()
-    return {key: mapping[key] for key in SPLIT_KEYS}
 
 
 def partition_file_name(partition_id: int) -> str:
@@ -168,18 +148,18 @@ def load_partition_file(path: Path, config: RunConfig, partition_id: int) -> Cli
 def client_fingerprint(config: RunConfig, data: ClientData) -> np.ndarray:
     """The raw fingerprint of one client's training data, as the client computes it (never sent).
 
-    phi(x) is the pixels or the frozen encoder's embedding (``fingerprint-encoder``); the controls
-    ``random-id`` and ``cluster-id`` look at no data.
+    phi(x) is the pixels or the frozen encoder's embedding (``fingerprint-encoder``); fingerprints
+    that need no data (the controls) look at none.
     """
     from fedcond import fingerprint as fp
 
-    needs_data = config.fingerprint not in ("random-id", "cluster-id")
     features = data.train_x
-    if needs_data and config.fingerprint_encoder != "pixels":
+    if fp.fingerprint_spec(config.fingerprint).needs_data and config.fingerprint_encoder != "pixels":
         from fedcond.encoder import embed
 
         features = embed(data.train_x, config.fingerprint_encoder, config.resolved_data_dir())
-    return fp.compute_fingerprint(
-        config.fingerprint, features, data.train_y, data.num_classes, config.fingerprint_dim, config.seed,
+    sample = fp.ClientSample(
+        features, data.train_y, data.num_classes, config.fingerprint_dim, config.seed,
         data.partition_id, data.cluster, config.num_clusters,
     )  # fmt: skip
+    return fp.compute_fingerprint(config.fingerprint, sample)

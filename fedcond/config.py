@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -54,32 +54,42 @@ class RunConfig:
     data_dir: str = ""
     results_dir: str = ""
     run_name: str = ""
-    # Method-specific settings (run.json records them with the rest).
-    ditto_lambda: float = 1.0
-    ditto_personal_epochs: int = 5
-    dac_neighbours: int = 3
     # How long the server waits for all num-clusters x clients-per-cluster nodes to connect.
     node_timeout: int = 60
     verbose: bool = True
+    # Settings the methods declare next to themselves (``Option``), as sorted (key, value) pairs.
+    options: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any]) -> RunConfig:
-        """Build from a run-config mapping (kebab-case keys); unknown keys and bad types are errors."""
-        by_key = {field.name.replace("_", "-"): field for field in fields(cls)}
+    def from_mapping(cls, mapping: Mapping[str, Any], declared: Sequence[Option] = ()) -> RunConfig:
+        """Build from a run-config mapping (kebab-case keys); unknown keys and bad types are errors.
+
+        ``declared`` are the methods' own options (the method registry knows them all); those not
+        in ``mapping`` take their defaults, so ``run.json`` records every value a run could read.
+        """
+        by_key = {field.name.replace("_", "-"): field for field in fields(cls) if field.name != "options"}
+        options = {option.key: option for option in declared}
         values: dict[str, Any] = {}
+        chosen = {key: option.default for key, option in options.items()}
         for key, raw in mapping.items():
+            if key in options:
+                chosen[key] = options[key].coerce(raw)
+                continue
             field = by_key.get(key)
             if field is None:
-                known = ", ".join(sorted(by_key))
+                known = ", ".join(sorted([*by_key, *options]))
                 raise FedcondError(f"unknown run-config key '{key}'; known keys: {known}")
             values[field.name] = _coerce(key, raw, _field_type(field))
-        config = cls(**values)
+        config = cls(**values, options=tuple(sorted(chosen.items())))
         config.validate()
         return config
 
     def to_mapping(self) -> dict[str, Any]:
         """The kebab-case mapping ``from_mapping`` accepts (and ``run.json`` stores)."""
-        return {name.replace("_", "-"): value for name, value in dataclasses.asdict(self).items()}
+        mapping = {
+            field.name.replace("_", "-"): getattr(self, field.name) for field in fields(self) if field.name != "options"
+        }
+        return {**mapping, **dict(self.options)}
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some settings changed, validated again."""
@@ -95,8 +105,6 @@ class RunConfig:
             "num-server-rounds": self.num_server_rounds,
             "fingerprint-dim": self.fingerprint_dim,
             "node-timeout": self.node_timeout,
-            "ditto-personal-epochs": self.ditto_personal_epochs,
-            "dac-neighbours": self.dac_neighbours,
         }
         for key, value in positive.items():
             if value < 1:
@@ -110,8 +118,6 @@ class RunConfig:
             raise FedcondError(f"data-fraction must be in (0, 1] (got {self.data_fraction})")
         if not self.learning_rate > 0:
             raise FedcondError(f"learning-rate must be positive (got {self.learning_rate})")
-        if self.ditto_lambda < 0:
-            raise FedcondError(f"ditto-lambda must be >= 0 (got {self.ditto_lambda})")
         if not 0 <= self.momentum < 1:
             raise FedcondError(f"momentum must be in [0, 1) (got {self.momentum})")
         if self.normalisation not in NORMALISATIONS:
@@ -146,6 +152,30 @@ class RunConfig:
         """``data-dir``, else ``$FEDCOND_DATA_DIR``, else None (dataset defaults apply)."""
         chosen = self.data_dir or os.environ.get("FEDCOND_DATA_DIR", "")
         return Path(chosen).expanduser().resolve() if chosen else None
+
+
+@dataclass(frozen=True)
+class Option:
+    """A run-config setting that one method declares next to its own code (e.g. Ditto's lambda).
+
+    Nothing central lists a method's options: the registry collects them from the methods' classes.
+    """
+
+    key: str
+    default: bool | int | float | str
+    help: str
+    #: The smallest allowed value of a numeric option (None: any).
+    minimum: float | None = None
+
+    def coerce(self, raw: Any) -> Any:
+        value = _coerce(self.key, raw, type(self.default))
+        if self.minimum is not None and value < self.minimum:
+            raise FedcondError(f"{self.key} must be at least {self.minimum:g} (got {value})")
+        return value
+
+    def of(self, config: RunConfig) -> Any:
+        """This option's value in ``config`` (its default when the config was built without it)."""
+        return dict(config.options).get(self.key, self.default)
 
 
 def _field_type(field: dataclasses.Field[Any]) -> type:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import gzip
-import os
 import struct
 import zlib
 from collections.abc import Callable
@@ -124,7 +123,9 @@ def _download_idx_folder(name: str) -> Path:
     """Let torchvision fetch the canonical idx files; it stores them as ``<root>/<Class>/raw``."""
     from torchvision import datasets as tv_datasets
 
-    root = Path(os.environ.get("FEDCOND_CACHE_DIR", Path.home() / ".cache" / "fedcond"))
+    from fedcond.cifar import cache_dir
+
+    root = cache_dir()
     dataset_class = {"mnist": tv_datasets.MNIST, "fashion-mnist": tv_datasets.FashionMNIST}[name]
     for train in (True, False):
         dataset_class(root=str(root), train=train, download=True)

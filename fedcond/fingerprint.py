@@ -1,6 +1,6 @@
 """Client fingerprints: the paper's top eigenvalues of Cov(Z), Z = [phi(x) || onehot(y)], and others.
 
-``compute_fingerprint`` dispatches on the ``fingerprint`` setting (``FINGERPRINTS``): ``eigen`` (the
+``FINGERPRINTS`` maps each ``fingerprint`` setting to its spec: ``eigen`` (the
 paper's), label-aware statistics that see label permutations and rotations (``class-mean``,
 ``label-cov``; ``class-eigen`` sees permutations only), and two controls (``random-id``: a pure
 client identifier; ``cluster-id``: the true cluster). docs/fingerprints.md says what each reveals.
@@ -11,6 +11,9 @@ come from a secure sum, see ``fedcond.secure_sum``); the raw vector never leaves
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.sparse.linalg import svds
@@ -96,36 +99,13 @@ def mean_and_std(total: np.ndarray, total_of_squares: np.ndarray, count: float) 
 
 # -- pluggable fingerprints ------------------------------------------------------------------------
 # Every fingerprint is computed by a client on its own training data and stays on the client.
-FINGERPRINTS = ("eigen", "class-mean", "label-cov", "class-eigen", "random-id", "cluster-id")
-#: Fingerprints whose entries are variances (non-negative, spanning decades): ``log`` scaling fits them.
-SPECTRAL_FINGERPRINTS = ("eigen", "class-eigen")
 #: The public seed of the random projection behind the sketches: the same matrix on every client.
 PUBLIC_PROJECTION_SEED = 20_240_917
-
-
-def check_fingerprint(name: str, normalisation: str) -> None:
-    """A known fingerprint under a normalisation that makes sense for it."""
-    if name not in FINGERPRINTS:
-        raise FedcondError(f"unknown fingerprint '{name}'; choose one of {', '.join(FINGERPRINTS)}")
-    if normalisation == "log" and name not in SPECTRAL_FINGERPRINTS:
-        raise FedcondError(
-            f"normalisation=log takes logarithms of eigenvalues ({', '.join(SPECTRAL_FINGERPRINTS)}); "
-            f"fingerprint {name} has signed entries: use normalisation=federated or none"
-        )
 
 
 def per_class_width(dim: int, num_classes: int) -> int:
     """How many values a per-class fingerprint keeps for each class (at least one)."""
     return max(1, dim // num_classes)
-
-
-def fingerprint_size(name: str, dim: int, num_classes: int, num_clusters: int) -> int:
-    """The length of fingerprint ``name``: what the conditioned model's input size must be."""
-    if name in ("eigen", "random-id"):
-        return dim
-    if name == "cluster-id":
-        return num_clusters
-    return num_classes * per_class_width(dim, num_classes)
 
 
 def public_projection(num_features: int, width: int) -> np.ndarray:
@@ -200,28 +180,90 @@ def cluster_one_hot(cluster: int, num_clusters: int) -> np.ndarray:
     return vector
 
 
-def compute_fingerprint(
-    name: str,
-    images: np.ndarray,
-    labels: np.ndarray,
-    num_classes: int,
-    dim: int,
-    seed: int,
-    partition_id: int,
-    cluster: int,
-    num_clusters: int,
-) -> np.ndarray:
-    """Fingerprint ``name`` of one client's training data (``images``: pixels in [0, 1] or phi(x))."""
-    if name == "eigen":
-        return eigen_fingerprint(images, labels, num_classes, dim, seed)
-    if name == "class-mean":
-        return class_mean_sketch(images, labels, num_classes, dim)
-    if name == "label-cov":
-        return label_covariance_sketch(images, labels, num_classes, dim)
-    if name == "class-eigen":
-        return class_eigen(images, labels, num_classes, dim, seed)
-    if name == "random-id":
-        return random_id(dim, seed, partition_id)
-    if name == "cluster-id":
-        return cluster_one_hot(cluster, num_clusters)
-    raise FedcondError(f"unknown fingerprint '{name}'; choose one of {', '.join(FINGERPRINTS)}")
+@dataclass(frozen=True)
+class ClientSample:
+    """What a client computes its fingerprint from: its own training data and who it is.
+
+    ``features`` are phi(x) (pixels in [0, 1] or the frozen encoder's embedding) for fingerprints that
+    need data; ``partition_id`` and ``cluster`` serve only the two controls.
+    """
+
+    features: np.ndarray
+    labels: np.ndarray
+    num_classes: int
+    dim: int
+    seed: int = 0
+    partition_id: int = 0
+    cluster: int = 0
+    num_clusters: int = 1
+
+
+@dataclass(frozen=True)
+class FingerprintSpec:
+    """One fingerprint: how it is computed, how long it is, and what it needs and is."""
+
+    compute: Callable[[ClientSample], np.ndarray]
+    #: (dim, num_classes, num_clusters) -> length: what the conditioned model's input size must be.
+    size: Callable[[int, int, int], int]
+    #: False for the controls, which read no sample (so no encoder need embed anything for them).
+    needs_data: bool = True
+    #: Entries are variances (non-negative, spanning decades): ``log`` scaling fits them.
+    spectral: bool = False
+
+
+def _per_class_size(dim: int, num_classes: int, _num_clusters: int) -> int:
+    return num_classes * per_class_width(dim, num_classes)
+
+
+# The one table of fingerprints; docs/fingerprints.md says what each reveals.
+FINGERPRINTS: dict[str, FingerprintSpec] = {
+    "eigen": FingerprintSpec(
+        lambda s: eigen_fingerprint(s.features, s.labels, s.num_classes, s.dim, s.seed),
+        lambda dim, _classes, _clusters: dim,
+        spectral=True,
+    ),
+    "class-mean": FingerprintSpec(
+        lambda s: class_mean_sketch(s.features, s.labels, s.num_classes, s.dim), _per_class_size
+    ),
+    "label-cov": FingerprintSpec(
+        lambda s: label_covariance_sketch(s.features, s.labels, s.num_classes, s.dim), _per_class_size
+    ),
+    "class-eigen": FingerprintSpec(
+        lambda s: class_eigen(s.features, s.labels, s.num_classes, s.dim, s.seed), _per_class_size, spectral=True
+    ),
+    "random-id": FingerprintSpec(
+        lambda s: random_id(s.dim, s.seed, s.partition_id), lambda dim, _classes, _clusters: dim, needs_data=False
+    ),
+    "cluster-id": FingerprintSpec(
+        lambda s: cluster_one_hot(s.cluster, s.num_clusters),
+        lambda _dim, _classes, clusters: clusters,
+        needs_data=False,
+    ),
+}
+
+
+def fingerprint_spec(name: str) -> FingerprintSpec:
+    if name not in FINGERPRINTS:
+        raise FedcondError(f"unknown fingerprint '{name}'; choose one of {', '.join(FINGERPRINTS)}")
+    return FINGERPRINTS[name]
+
+
+def check_fingerprint(name: str, normalisation: str) -> None:
+    """A known fingerprint under a normalisation that makes sense for it."""
+    spec = fingerprint_spec(name)
+    if normalisation == "log" and not spec.spectral:
+        spectral = ", ".join(key for key, spec in FINGERPRINTS.items() if spec.spectral)
+        raise FedcondError(
+            f"normalisation=log takes logarithms of eigenvalues ({spectral}); "
+            f"fingerprint {name} has signed entries: use normalisation=federated or none"
+        )
+
+
+def fingerprint_size(name: str, dim: int, num_classes: int, num_clusters: int) -> int:
+    """The length of fingerprint ``name``: what the conditioned model's input size must be."""
+    return fingerprint_spec(name).size(dim, num_classes, num_clusters)
+
+
+def compute_fingerprint(name: str, sample: ClientSample) -> np.ndarray:
+    """Fingerprint ``name`` of one client's training data."""
+    return fingerprint_spec(name).compute(sample)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -109,6 +110,19 @@ def run_status(folder: Path) -> str:
     return f"{status}: {info['error']}" if "error" in info else status
 
 
+# Settings holding paths: run.json records them relative to the run's folder, never this machine's.
+PATH_KEYS = ("results-dir", "data-dir")
+
+
+def portable_config(config: RunConfig, folder: Path) -> dict[str, Any]:
+    """``config``'s mapping with its paths relative to ``folder`` (unset paths stay empty)."""
+    mapping = config.to_mapping()
+    for key in PATH_KEYS:
+        if mapping.get(key):
+            mapping[key] = os.path.relpath(Path(mapping[key]).expanduser().resolve(), folder.resolve())
+    return mapping
+
+
 class RunRecorder:
     """Writes ``run.json`` at the start and end of a run, and a ``history.csv`` row per round."""
 
@@ -117,7 +131,7 @@ class RunRecorder:
         self.num_clusters = num_clusters
         self.records: list[RoundRecord] = []
         self._info: dict[str, Any] = {
-            "config": config.to_mapping(),
+            "config": portable_config(config, folder),
             **details,
             "versions": package_versions(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

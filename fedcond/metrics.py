@@ -12,7 +12,6 @@ from dataclasses import dataclass
 class ClientEvaluation:
     """One client's evaluation of the model it would actually use, on its own test set."""
 
-    partition_id: int
     cluster: int
     num_samples: int
     loss: float

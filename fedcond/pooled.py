@@ -111,7 +111,6 @@ def run_pooled(config: RunConfig) -> RunRecorder:
         "conditioning": (
             {"fingerprint": config.fingerprint, "conditioning": config.conditioning} if conditioned else None
         ),
-        "results_folder": str(folder),
     }
     recorder = RunRecorder(folder, config, details, scenario.num_clusters)
     if config.verbose:
@@ -159,7 +158,7 @@ def _train_and_record(
             result = evaluate(model_of[client.partition_id], client.test_x, client.test_y, condition)
             held_out = client.partition_id >= config.num_training_clients
             evaluations[held_out].append(
-                ClientEvaluation(client.partition_id, client.cluster, result.num_samples, result.loss, result.accuracy)
+                ClientEvaluation(client.cluster, result.num_samples, result.loss, result.accuracy)
             )
         accuracy, loss, per_cluster = summarise_evaluations(evaluations[False])
         heldout = summarise_evaluations(evaluations[True])[0] if evaluations[True] else float("nan")

@@ -434,6 +434,27 @@ def validate_without_data(config: RunConfig) -> None:
     check_encoder(config.fingerprint_encoder, held)
 
 
+# The settings that decide which samples each client holds: they key ``scenario_for``'s cache, and a
+# partition file records them so that a client never trains on a split the run did not ask for.
+SPLIT_KEYS = (
+    "dataset",
+    "scenario",
+    "num-clusters",
+    "clients-per-cluster",
+    "held-out-clients",
+    "seed",
+    "rotations",
+    "data-fraction",
+    "covariate-clusters",
+)
+
+
+def split_settings(config: RunConfig) -> dict[str, object]:
+    """``config``'s values of ``SPLIT_KEYS``."""
+    mapping = config.to_mapping()
+    return {key: mapping[key] for key in SPLIT_KEYS}
+
+
 @functools.lru_cache(maxsize=8)
 def _cached_scenario(config: RunConfig) -> Scenario:
     return build_scenario(config)
@@ -441,17 +462,6 @@ def _cached_scenario(config: RunConfig) -> Scenario:
 
 def scenario_for(config: RunConfig) -> Scenario:
     """The scenario of a run, built once per process (a Ray actor serves many clients)."""
-    # Only the settings that shape the split key the cache, so rounds and methods share it.
-    key = RunConfig(
-        dataset=config.dataset,
-        scenario=config.scenario,
-        num_clusters=config.num_clusters,
-        clients_per_cluster=config.clients_per_cluster,
-        held_out_clients=config.held_out_clients,
-        seed=config.seed,
-        data_dir=str(config.resolved_data_dir() or ""),
-        rotations=config.rotations,
-        data_fraction=config.data_fraction,
-        covariate_clusters=config.covariate_clusters,
-    )
-    return _cached_scenario(key)
+    # Only the split settings (and where the files are) key the cache, so rounds and methods share it.
+    split = {key.replace("-", "_"): value for key, value in split_settings(config).items()}
+    return _cached_scenario(RunConfig(**split, data_dir=str(config.resolved_data_dir() or "")))

@@ -10,8 +10,8 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedcond.errors import FedcondError
 from fedcond.history import RoundRecord, RunRecorder
+from fedcond.messages import ACCURACY, CLUSTER, ERROR, PARTITION_ID, TRAIN_LOSS
 from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
-from fedcond.protocol import ACCURACY, CLUSTER, ERROR, PARTITION_ID, TRAIN_LOSS
 
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
 
@@ -61,7 +61,6 @@ class RoundTracker:
         self.bytes_up = 0
         self.train_loss = float("nan")
         self.ari = float("nan")
-        self.records: list[RoundRecord] = []
 
     def start_round(self) -> None:
         self.round_start = time.perf_counter()
@@ -109,7 +108,6 @@ class RoundTracker:
             ari=self.ari,
             heldout_accuracy=heldout_accuracy,
         )
-        self.records.append(record)
         if self.recorder is not None:
             self.recorder.add(record)
         if self.verbose:
@@ -120,7 +118,6 @@ class RoundTracker:
 def _evaluations(results: Sequence[tuple[ClientProxy, EvaluateRes]]) -> list[ClientEvaluation]:
     return [
         ClientEvaluation(
-            partition_id=int(res.metrics[PARTITION_ID]),
             cluster=int(res.metrics[CLUSTER]),
             num_samples=res.num_examples,
             loss=float(res.loss),

@@ -1,24 +1,55 @@
-"""The round protocol every fedcond strategy shares, with hooks for what differs between methods."""
+"""The round protocol every fedcond strategy shares, with hooks for what differs between methods.
+
+A method's strategy subclasses ``FedcondStrategy`` and overrides only what differs (as FL-bench's
+Ditto server does): which parameters each client receives and how returned models are combined.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
 
 from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from fedcond.aggregation import Model
+from fedcond.config import Option, RunConfig
 from fedcond.fingerprint import fingerprint_size
-from fedcond.methods import ServerSetup
-from fedcond.protocol import FINGERPRINT_MEAN, FINGERPRINT_STD, PARTITION_ID, SERVER_ROUND, STEP, STEP_IDENTITY
-from fedcond.wire import array_to_bytes
+from fedcond.history import RunRecorder
+from fedcond.messages import (
+    FINGERPRINT_MEAN,
+    FINGERPRINT_STD,
+    PARTITION_ID,
+    SERVER_ROUND,
+    STEP,
+    STEP_IDENTITY,
+    array_to_bytes,
+)
+from fedcond.models import build_run_model, get_weights
 from strategies.accounting import Failures, RoundTracker, by_partition, parameters_bytes, raise_on_failures
-from strategies.setup import all_clients, ask_all, federated_fingerprint_statistics
+from strategies.federation import all_clients, ask_all, federated_fingerprint_statistics
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
+
+
+@dataclass(frozen=True)
+class StrategyInputs:
+    """What the ServerApp gives a method's strategy to be built from."""
+
+    config: RunConfig
+    num_classes: int
+    conditioned: bool
+    recorder: RunRecorder | None
+
+
+def initial_weights(inputs: StrategyInputs, seed: int | None = None) -> Model:
+    """The seeded initial backbone (conditioned or not), as every client builds it; ``seed``
+    defaults to the run's."""
+    return get_weights(build_run_model(inputs.config, inputs.num_classes, inputs.conditioned, seed))
 
 
 class FedcondStrategy(Strategy):
@@ -37,20 +68,25 @@ class FedcondStrategy(Strategy):
     """
 
     #: Peer-to-peer methods simulate exchanges between clients: server transfers are not counted.
-    peer_to_peer = False
+    peer_to_peer: ClassVar[bool] = False
+    #: Whether a held-out client (one that never trains) has a model to evaluate under this strategy:
+    #: only where the server holds a model a newcomer would be given.
+    serves_held_out_clients: ClassVar[bool] = False
+    #: Run-config settings of this strategy, declared here rather than in a central list.
+    options: ClassVar[tuple[Option, ...]] = ()
 
-    def __init__(self, setup: ServerSetup) -> None:
-        self.setup = setup
-        self.tracker = RoundTracker(setup.recorder, setup.config.num_server_rounds, setup.config.verbose)
+    def __init__(self, inputs: StrategyInputs) -> None:
+        self.inputs = inputs
+        self.tracker = RoundTracker(inputs.recorder, inputs.config.num_server_rounds, inputs.config.verbose)
         self.shared_config: dict[str, Scalar] = {}
-        self.setup_bytes = 0
+        self.secure_sum_bytes = 0
         self.held_out_cids: set[str] = set()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(method={self.setup.config.method})"
+        return f"{type(self).__name__}(method={self.inputs.config.method})"
 
     # -- hooks ---------------------------------------------------------------------------------------
-    def on_setup(self, proxies: list[ClientProxy]) -> None:
+    def on_start(self, proxies: list[ClientProxy]) -> None:
         """Called once before round 1 with every client."""
 
     def initial_global(self) -> Parameters:
@@ -69,7 +105,7 @@ class FedcondStrategy(Strategy):
 
     # -- Flower's Strategy API -------------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        config = self.setup.config
+        config = self.inputs.config
         proxies = all_clients(client_manager, config)
         if config.held_out_clients:
             # Which node holds which partition (every result reports it anyway): held-out clients
@@ -81,13 +117,13 @@ class FedcondStrategy(Strategy):
                 if int(answer[PARTITION_ID]) >= config.num_training_clients
             }
         training = [proxy for proxy in proxies if proxy.cid not in self.held_out_cids]
-        if self.setup.conditioned and config.normalisation == "federated":
+        if self.inputs.conditioned and config.normalisation == "federated":
             size = fingerprint_size(
-                config.fingerprint, config.fingerprint_dim, self.setup.num_classes, config.num_clusters
+                config.fingerprint, config.fingerprint_dim, self.inputs.num_classes, config.num_clusters
             )
-            mean, std, self.setup_bytes = federated_fingerprint_statistics(training, size)
+            mean, std, self.secure_sum_bytes = federated_fingerprint_statistics(training, size)
             self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
-        self.on_setup(proxies)
+        self.on_start(proxies)
         return self.initial_global()
 
     def round_config(self, server_round: int) -> dict[str, Scalar]:
@@ -139,12 +175,12 @@ class FedcondStrategy(Strategy):
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
     ) -> tuple[float | None, dict[str, Scalar]]:
         raise_on_failures(failures, f"evaluation round {server_round}", results)
-        training = self.setup.config.num_training_clients
+        training = self.inputs.config.num_training_clients
         held_out = [pair for pair in results if int(pair[1].metrics[PARTITION_ID]) >= training]
         participating = [pair for pair in results if int(pair[1].metrics[PARTITION_ID]) < training]
         record = self.tracker.finish_round(server_round, participating, held_out)
-        if server_round == self.setup.config.num_server_rounds and self.setup.recorder is not None:
-            self.setup.recorder.finish({"setup_bytes": self.setup_bytes})
+        if server_round == self.inputs.config.num_server_rounds and self.inputs.recorder is not None:
+            self.inputs.recorder.finish({"secure_sum_bytes": self.secure_sum_bytes})
         return record.loss, {"accuracy": record.accuracy}
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:

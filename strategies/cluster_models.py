@@ -8,18 +8,16 @@ from sklearn.metrics import adjusted_rand_score
 
 from fedcond.aggregation import Model, average_per_group
 from fedcond.errors import FedcondError
-from fedcond.methods import ServerSetup
-from fedcond.protocol import CHOICE, CLUSTER, STEP, STEP_IDENTITY
-from strategies.base import FedcondStrategy
-from strategies.fedavg import initial_weights
-from strategies.setup import ask_all
+from fedcond.messages import CHOICE, CLUSTER, STEP, STEP_IDENTITY
+from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
+from strategies.federation import ask_all
 
 
 class ClusterModels(FedcondStrategy):
     """K models on the server; each client is assigned one, and each model averages its clients."""
 
-    def __init__(self, setup: ServerSetup, models: list[Model]) -> None:
-        super().__init__(setup)
+    def __init__(self, inputs: StrategyInputs, models: list[Model]) -> None:
+        super().__init__(inputs)
         self.models = models
         self.assignment: dict[str, int] = {}
 
@@ -43,13 +41,16 @@ class OracleStrategy(ClusterModels):
     """Oracle: FedAvg within each true cluster, one model per cluster.
 
     The server asks every client its true cluster before round 1, which no real method could do:
-    Oracle is the reference that shows what perfect clustering achieves, not a competitor.
+    Oracle is the reference that shows what perfect clustering achieves, not a competitor. A held-out
+    client evaluates its true cluster's model.
     """
 
-    def __init__(self, setup: ServerSetup) -> None:
-        super().__init__(setup, [initial_weights(setup) for _ in range(setup.num_clusters)])
+    serves_held_out_clients = True
 
-    def on_setup(self, proxies: list[ClientProxy]) -> None:
+    def __init__(self, inputs: StrategyInputs) -> None:
+        super().__init__(inputs, [initial_weights(inputs) for _ in range(inputs.config.num_clusters)])
+
+    def on_start(self, proxies: list[ClientProxy]) -> None:
         answers = ask_all(proxies, {STEP: STEP_IDENTITY})
         self.assignment = {proxy.cid: int(answer[CLUSTER]) for proxy, answer in zip(proxies, answers, strict=True)}
 
@@ -70,9 +71,9 @@ class IfcaStrategy(ClusterModels):
     between choices and true clusters is recorded every round.
     """
 
-    def __init__(self, setup: ServerSetup) -> None:
-        seeds = [setup.config.seed * 1000 + k for k in range(setup.num_clusters)]
-        super().__init__(setup, [initial_weights(setup, seed) for seed in seeds])
+    def __init__(self, inputs: StrategyInputs) -> None:
+        seeds = [inputs.config.seed * 1000 + k for k in range(inputs.config.num_clusters)]
+        super().__init__(inputs, [initial_weights(inputs, seed) for seed in seeds])
 
     def fit_parameters(self, proxy: ClientProxy, current: Parameters) -> Parameters:
         return ndarrays_to_parameters([array for model in self.models for array in model])

@@ -2,37 +2,28 @@
 
 from __future__ import annotations
 
-from flwr.common import FitRes, Parameters, ndarrays_to_parameters
+from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import FedAvg
 
-from fedcond.methods import ServerSetup
-from fedcond.models import build_run_model, get_weights
-from strategies.base import FedcondStrategy
+from fedcond.aggregation import weighted_average
+from strategies.base import FedcondStrategy, initial_weights
 
 
-def initial_weights(setup: ServerSetup, seed: int | None = None) -> list:
-    """The seeded initial backbone (conditioned or not); ``seed`` defaults to the run's."""
-    return get_weights(build_run_model(setup.config, setup.num_classes, setup.conditioned, seed))
-
-
-class FedcondFedAvg(FedcondStrategy, FedAvg):
+class FedcondFedAvg(FedcondStrategy):
     """FedAvg (McMahan et al. 2017) with every client taking part in every round.
 
-    Each round all clients train the global model locally and return it; Flower's FedAvg averages
-    them weighted by training samples, in partition order so that the same seed gives the same
-    numbers. Then every client evaluates the new global model on its own test set. Used by
+    Each round all clients train the global model locally and return it; the new global model is
+    their average weighted by training samples, in partition order so that the same seed gives the
+    same numbers. Then every client evaluates the new global model on its own test set. Used by
     ``fedavg``, ``conditional`` (clients feed their fingerprint) and ``ditto`` (clients also keep a
-    personal model).
+    personal model). A held-out client evaluates the global model (fed its own fingerprint).
     """
 
-    def __init__(self, setup: ServerSetup) -> None:
-        FedcondStrategy.__init__(self, setup)
-        FedAvg.__init__(self, accept_failures=False)
+    serves_held_out_clients = True
 
     def initial_global(self) -> Parameters:
-        return ndarrays_to_parameters(initial_weights(self.setup))
+        return ndarrays_to_parameters(initial_weights(self.inputs))
 
     def combine(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> Parameters | None:
-        parameters, _ = FedAvg.aggregate_fit(self, server_round, results, [])
-        return parameters
+        models = [parameters_to_ndarrays(res.parameters) for _, res in results]
+        return ndarrays_to_parameters(weighted_average(models, [res.num_examples for _, res in results]))

@@ -14,10 +14,11 @@ from fedcond.aggregation import (
     random_pairs,
     top_k_neighbours,
 )
-from fedcond.methods import ServerSetup
+from fedcond.config import Option
 from strategies.accounting import parameters_bytes
-from strategies.base import FedcondStrategy
-from strategies.fedavg import initial_weights
+from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
+
+NEIGHBOURS = Option("dac-neighbours", 3, "DAC: how many most similar peers each client averages with", minimum=1)
 
 
 class PeerToPeer(FedcondStrategy):
@@ -28,13 +29,13 @@ class PeerToPeer(FedcondStrategy):
 
     peer_to_peer = True
 
-    def __init__(self, setup: ServerSetup) -> None:
-        super().__init__(setup)
+    def __init__(self, inputs: StrategyInputs) -> None:
+        super().__init__(inputs)
         self.models: dict[str, Model] = {}
         self.model_bytes = 0
 
-    def on_setup(self, proxies: list[ClientProxy]) -> None:
-        start = initial_weights(self.setup)
+    def on_start(self, proxies: list[ClientProxy]) -> None:
+        start = initial_weights(self.inputs)
         self.models = {proxy.cid: start for proxy in proxies}
         self.model_bytes = parameters_bytes(ndarrays_to_parameters(start))
 
@@ -62,7 +63,7 @@ class GossipStrategy(PeerToPeer):
     """
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
-        pairs = random_pairs(len(models), np.random.default_rng([self.setup.config.seed, server_round]))
+        pairs = random_pairs(len(models), np.random.default_rng([self.inputs.config.seed, server_round]))
         return gossip_average(models, pairs), 2 * len(pairs)
 
 
@@ -72,6 +73,8 @@ class DacStrategy(PeerToPeer):
     model parameters (deterministic top-k, ties to the lower partition id). Default k = 3.
     """
 
+    options = (NEIGHBOURS,)
+
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
-        neighbours = top_k_neighbours(cosine_similarities(models), self.setup.config.dac_neighbours)
+        neighbours = top_k_neighbours(cosine_similarities(models), NEIGHBOURS.of(self.inputs.config))
         return neighbourhood_average(models, neighbours), sum(len(chosen) for chosen in neighbours)

@@ -12,18 +12,17 @@ from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder, results_folder
-from fedcond.methods import ServerSetup, check_federated, check_held_out, get_method
 from fedcond.models import build_run_model, count_parameters
-from fedcond.scenarios import format_summary, scenario_for, validate_without_data
+from fedcond.scenarios import format_summary, scenario_for
+from strategies.base import StrategyInputs
+from strategies.registry import check_run, federated, run_config
 
 
 def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     """Everything the ServerApp does, given its settings; returns the run's recorder."""
-    validate_without_data(config)
+    method = check_run(config)
+    _, strategy_class = federated(method)
     config = config.resolved()
-    method = get_method(config.method)
-    check_federated(method)
-    check_held_out(method, config)
     scenario = scenario_for(config)
     model = build_run_model(config, scenario.num_classes, method.conditioned)
     if method.conditioned and config.fingerprint_encoder != "pixels":
@@ -39,16 +38,14 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         "conditioning": (
             {"fingerprint": config.fingerprint, "conditioning": config.conditioning} if method.conditioned else None
         ),
-        "results_folder": str(folder),
     }
     recorder = RunRecorder(folder, config, details, scenario.num_clusters)
     if config.verbose:
         print(f"fedcond: {method.name} on {config.dataset} {config.scenario}", flush=True)
         print(format_summary(details["scenario"]), flush=True)
         print(f"fedcond: results folder {folder}", flush=True)
-    setup = ServerSetup(config, scenario.num_classes, scenario.num_clusters, method.conditioned, recorder)
     try:
-        strategy = method.make_strategy(setup)  # type: ignore[misc]  # check_federated: not None
+        strategy = strategy_class(StrategyInputs(config, scenario.num_classes, method.conditioned, recorder))
         start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=config.num_server_rounds))
     except FedcondError as error:
         recorder.fail(str(error))
@@ -65,7 +62,7 @@ def make_server_app(config: RunConfig | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            run_server(grid, config or RunConfig.from_mapping(context.run_config))
+            run_server(grid, config or run_config(context.run_config))
         except FedcondError as error:
             print(f"fedcond: error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None

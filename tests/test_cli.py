@@ -1,16 +1,17 @@
 """The `fedcond` command: bad input stops with one line before Flower starts; a real `flwr run`."""
 
+import contextlib
 import csv
 import os
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
-from fedcond.cli import main
+from fedcond.tools.cli import main
+from fedcond.tools.deploy import free_ports
 from tests.test_datasets import write_fake_mnist
 
 
@@ -45,45 +46,60 @@ def test_missing_and_corrupt_data_files_are_reported_before_training(tmp_path, c
     assert "truncated or corrupt" in capsys.readouterr().err
 
 
-def superlink_port_free() -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", 39091)) != 0
+def test_compare_refuses_held_out_clients_for_methods_without_a_newcomer_model(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--out", str(out), "--rounds", "1", "held-out-clients=1"]) == 2  # --methods all
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "held-out-clients has no meaning for local" in err
+    assert "--methods fedavg,conditional,oracle,ditto" in err and not out.exists()  # nothing started
 
 
-@pytest.mark.skipif(not superlink_port_free(), reason="another Flower SuperLink already listens on 127.0.0.1:39091")
+def stop_superlink_on(port: int) -> None:
+    """flwr leaves its local SuperLink running: end the one this test's port identifies, and its children."""
+    for process in psutil.process_iter(["cmdline"], ad_value=None):
+        cmdline = process.info["cmdline"] or []
+        if any("flower-superlink" in part for part in cmdline) and str(port) in cmdline:
+            for child in [*process.children(recursive=True), process]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.terminate()
+
+
 def test_fedcond_run_goes_through_flwr_run(tmp_path):
-    """The README's main command, shortened: flwr's local SuperLink, Ray virtual clients, results."""
-    flwr_home = tmp_path / "flwr-home"
-    environment = {**os.environ, "FLWR_HOME": str(flwr_home)}
-    command = [sys.executable, "-m", "fedcond.cli", "run", "num-clusters=2", "clients-per-cluster=2",
+    """The README's main command, shortened, on a local SuperLink of its own: its own Flower home and
+    free ports, so a SuperLink left on flwr's default port by an earlier `make run` changes nothing."""
+    http_port, control_port = free_ports(2)
+    environment = {
+        **os.environ,
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        # flwr 1.42 reads these when it starts the local SuperLink of a ":local:" connection.
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+    }
+    command = [sys.executable, "-m", "fedcond.tools.cli", "run", "num-clusters=2", "clients-per-cluster=2",
                "num-server-rounds=2", "local-epochs=1", "results-dir=out"]  # fmt: skip
     try:
-        finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+        finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     finally:
-        # flwr leaves its local SuperLink running; it is ours because it logs under our FLWR_HOME.
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                args = cmdline.read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if "flower-superlink" in args and str(flwr_home) in args:
-                os.kill(int(cmdline.parent.name), signal.SIGTERM)
+        stop_superlink_on(http_port)
     assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
-    assert "round   2/2  accuracy" in finished.stdout
+    assert "round   2/2  accuracy" in finished.stdout and "fedcond: finished 2 rounds" in finished.stdout
+    # The terminal holds fedcond's lines only; Flower's own (INFO ...) went to the run's flower.log.
+    assert all(line.startswith(("fedcond:", "round ", "scenario ", "  ")) for line in finished.stdout.splitlines())
     (folder,) = (tmp_path / "out").iterdir()
     with (folder / "history.csv").open() as handle:
         assert [row["round"] for row in csv.DictReader(handle)] == ["1", "2"]
-    assert Path(folder, "run.json").is_file()
+    assert {"run.json", "convergence.png", "flower.log"} <= {path.name for path in folder.iterdir()}
+    assert "INFO" in (folder / "flower.log").read_text()
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].joinpath("experiments").glob("*.toml")))
 def test_every_experiment_file_is_a_valid_configuration(path):
-    from fedcond.cli import default_config, read_override_file
-    from fedcond.config import RunConfig
+    from fedcond.tools.flwr_commands import default_config, read_override_file
+    from strategies.registry import check_run, run_config
 
     overrides = read_override_file(str(path))
     assert overrides, f"{path.name} sets nothing"
-    RunConfig.from_mapping({**default_config(), **overrides})
+    check_run(run_config({**default_config(), **overrides}))
 
 
 def test_missing_experiment_file_is_reported(capsys):

@@ -1,16 +1,30 @@
 import pytest
 
-from fedcond.cli import default_config, parse_assignments
-from fedcond.config import RunConfig
+from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.methods import get_method
 from fedcond.scenarios import validate_without_data
+from fedcond.tools.flwr_commands import default_config, parse_assignments
+from strategies.registry import check_run, declared_options, get_method, run_config
 
 
 def test_pyproject_defaults_are_a_valid_config():
-    config = RunConfig.from_mapping(default_config())
-    assert config == RunConfig()
-    assert RunConfig.from_mapping(config.to_mapping()) == config
+    config = run_config(default_config())
+    assert config == RunConfig(options=config.options)
+    assert run_config(config.to_mapping()) == config
+
+
+def test_methods_declare_their_options_and_pyproject_lists_them():
+    # Flower accepts only run-config keys the app declares: every method option must be there too.
+    keys = {option.key for option in declared_options()}
+    assert keys == {"ditto-lambda", "ditto-personal-epochs", "dac-neighbours"}
+    assert keys <= set(default_config())
+    config = run_config({"method": "ditto", "ditto-lambda": 2})
+    assert dict(config.options)["ditto-lambda"] == 2.0 and config.to_mapping()["dac-neighbours"] == 3
+    with pytest.raises(FedcondError, match="ditto-personal-epochs must be at least 1"):
+        run_config({"ditto-personal-epochs": 0})
+    with pytest.raises(FedcondError, match="unknown run-config key 'ditto-lambda'"):
+        RunConfig.from_mapping({"ditto-lambda": 1.0})  # without the registry's declarations
+    assert Option("x", 4, "an option").of(RunConfig()) == 4  # a config built without it: the default
 
 
 def test_dataset_defaults_are_resolved():
@@ -59,12 +73,12 @@ def test_cli_assignments_parse_toml_literals():
 
 
 def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless():
-    from fedcond.methods import check_held_out
-
     config = RunConfig(num_clusters=2, clients_per_cluster=3, held_out_clients=1)
     assert (config.num_clients, config.num_training_clients) == (8, 6)
-    check_held_out(get_method("conditional"), config)  # global model + own fingerprint: fine
+    for method in ("fedavg", "conditional", "oracle", "ditto"):
+        check_run(config.replace(method=method))  # a model a newcomer would be given: fine
     for method in ("local", "ifca", "gossip", "dac"):
-        with pytest.raises(FedcondError, match=f"held-out-clients has no meaning for {method}"):
-            check_held_out(get_method(method), config)
-    check_held_out(get_method("local"), RunConfig())  # no held-out clients: nothing to refuse
+        with pytest.raises(FedcondError, match=f"held-out-clients has no meaning for {method}") as error:
+            check_run(config.replace(method=method))
+        assert "--methods fedavg,conditional,oracle,ditto" in str(error.value)
+    check_run(RunConfig(method="local"))  # no held-out clients: nothing to refuse

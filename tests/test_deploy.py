@@ -15,21 +15,14 @@ import pytest
 from flwr.common import Context, RecordDict
 
 from clients.app import build_client, node_data
-from fedcond.cli import main
 from fedcond.client_data import export_partitions, load_client_data, load_partition_file
 from fedcond.config import RunConfig
-from fedcond.deploy import (
-    RESERVED_PORTS,
-    Processes,
-    alive,
-    descendants,
-    free_ports,
-    generate_certificates,
-    superlink_command,
-    supernode_command,
-)
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import eigen_fingerprint
+from fedcond.tools.certificates import generate_certificates
+from fedcond.tools.cli import main
+from fedcond.tools.deploy import RESERVED_PORTS, free_ports, superlink_command, supernode_command
+from fedcond.tools.processes import Processes, alive, descendants
 
 THREE_CLIENTS = RunConfig(num_clusters=3, clients_per_cluster=1)
 
@@ -143,7 +136,7 @@ def deploy_local(tmp_path: Path, arguments: list[str], **popen: object) -> subpr
     """``fedcond deploy-local`` as a user runs it, its work folder (hence FLWR_HOME) under ``tmp_path``."""
     (tmp_path / "tmp").mkdir(exist_ok=True)
     environment = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
-    command = [sys.executable, "-m", "fedcond.cli", "deploy-local", *arguments]
+    command = [sys.executable, "-m", "fedcond.tools.cli", "deploy-local", *arguments]
     return subprocess.Popen(command, env=environment, text=True, **popen)  # type: ignore[call-overload]
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from fedcond.cli import default_config, main
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.experiment import (
+from fedcond.history import RoundRecord, RunRecorder, results_folder
+from fedcond.tools.cli import default_config, main
+from fedcond.tools.experiment import (
     METRIC_COLUMNS,
     Experiment,
     TableSpec,
@@ -20,10 +21,12 @@ from fedcond.experiment import (
     run_experiment,
     write_metrics,
 )
-from fedcond.history import RoundRecord, RunRecorder, results_folder
-from fedcond.report import confidence_half_width, paper_table, render, summarise
+from fedcond.tools.report import confidence_half_width, paper_table, render, summarise
 
-GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments" / "grids").glob("*.toml"))
+ALL_GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments" / "grids").glob("*.toml"))
+# One grid file per table of the paper; the fingerprint study's grids follow its own budget.
+GRIDS = [grid for grid in ALL_GRIDS if not grid.stem.startswith("fingerprints-")]
+STUDY_GRIDS = [grid for grid in ALL_GRIDS if grid.stem.startswith("fingerprints-")]
 
 
 class FakeRunner:
@@ -142,7 +145,7 @@ def test_failed_runs_are_reported_and_make_the_command_fail(tmp_path):
     experiment = small_experiment()
     run_experiment(experiment, default_config(), tmp_path, runner, io.StringIO())
     write_metrics(experiment, tmp_path)
-    from fedcond.experiment import failed_runs
+    from fedcond.tools.experiment import failed_runs
 
     failures = failed_runs(experiment, tmp_path)
     assert [name for name, _ in failures] == ["method-conditional_seed-0", "method-conditional_seed-1"]
@@ -212,6 +215,33 @@ def test_every_grid_file_plans_at_full_size_and_has_a_quick_profile(grid):
     assert 0 < len(quick) < len(full)
     assert all(run.config.num_server_rounds == 20 and run.config.local_epochs == 1 for run in full)
     assert all(run.config.data_fraction < 1 for run in quick)
+
+
+def test_the_fingerprint_study_grids_plan_the_studys_44_runs_with_held_out_clients():
+    runs = [
+        run
+        for grid, profile in [(STUDY_GRIDS[0], None), (STUDY_GRIDS[0], "second-seed"), (STUDY_GRIDS[1], None)]
+        for run in plan(read_grid_file(grid, profile), default_config(), Path("/nonexistent/runs"))
+    ]
+    assert [grid.stem for grid in STUDY_GRIDS] == ["fingerprints-e3b", "fingerprints-transfer"]
+    assert len(runs) == 44 and all(run.config.held_out_clients == 1 for run in runs)
+    assert all(run.config.num_server_rounds == 12 and run.config.data_fraction == 0.1 for run in runs)
+    assert {run.config.method for run in runs} == {"fedavg", "oracle", "conditional"}
+
+
+def test_paper_tables_show_held_out_accuracy_beside_each_column():
+    rows = [
+        {"variant": variant, "method": method, "experiment": "e1", "seed": "0", "round": "1", "dataset": "digits",
+         "scenario": "label-shift", "num_clusters": "5", "clients_per_cluster": "3", "data_fraction": "0.1",
+         "rotations": "", "fingerprint": "eigen", "conditioning": "hyper", "accuracy": accuracy,
+         "heldout_accuracy": held}
+        for variant, method, accuracy, held in [("fedavg", "fedavg", "0.6", "0.5"),
+                                                ("eigen/hyper", "conditional", "0.9", "0.4")]
+    ]  # fmt: skip
+    table = paper_table(rows, TableSpec(columns=("experiment",), rows="variant"))
+    header, _, *lines = table.splitlines()
+    assert header == "| variant | experiment=e1 | experiment=e1 held-out |"
+    assert lines[1] == "| eigen/hyper | **0.900** | 0.400 |"
 
 
 def test_grid_file_errors_are_one_line_and_name_the_fix(tmp_path):

@@ -72,7 +72,7 @@ def _changes(name, images, labels):
     from fedcond.client_data import rotate_images
 
     def compute(x, y):
-        return fp.compute_fingerprint(name, x, y, 10, 32, 0, 0, 0, 1)
+        return fp.compute_fingerprint(name, fp.ClientSample(x, y, num_classes=10, dim=32))
 
     base = compute(images, labels)
     permutation = np.roll(np.arange(10), 1)  # every label moves
@@ -104,10 +104,13 @@ def test_fingerprint_sizes_and_controls():
     assert fp.fingerprint_size("class-mean", 32, 10, 2) == 30 == fp.fingerprint_size("class-eigen", 32, 10, 2)
     assert fp.fingerprint_size("cluster-id", 32, 10, 4) == 4
     images, labels = np.zeros((4, 1, 4, 4)), np.array([0, 1, 0, 1])
-    ids = [fp.compute_fingerprint("random-id", images, labels, 2, 8, 0, client, 0, 2) for client in (0, 0, 1)]
+    ids = [
+        fp.compute_fingerprint("random-id", fp.ClientSample(images, labels, 2, 8, partition_id=client, num_clusters=2))
+        for client in (0, 0, 1)
+    ]
     np.testing.assert_array_equal(ids[0], ids[1])
     assert ids[0].shape == (8,) and not np.allclose(ids[0], ids[2])
-    one_hot = fp.compute_fingerprint("cluster-id", images, labels, 2, 8, 0, 0, 3, 4)
+    one_hot = fp.compute_fingerprint("cluster-id", fp.ClientSample(images, labels, 2, 8, cluster=3, num_clusters=4))
     np.testing.assert_array_equal(one_hot, [0, 0, 0, 1])
 
 
@@ -116,8 +119,10 @@ def test_sketch_projection_is_public_and_a_missing_class_gives_zeros():
     rng = np.random.default_rng(5)
     images, labels = rng.random((20, 1, 8, 8)), np.array([0, 1] * 10)
     # The run's seed does not enter the sketch: clients of different runs are comparable.
-    first = fp.compute_fingerprint("class-mean", images, labels, 3, 6, 0, 0, 0, 1)
-    np.testing.assert_array_equal(first, fp.compute_fingerprint("class-mean", images, labels, 3, 6, 99, 4, 0, 1))
+    first = fp.compute_fingerprint("class-mean", fp.ClientSample(images, labels, 3, 6))
+    np.testing.assert_array_equal(
+        first, fp.compute_fingerprint("class-mean", fp.ClientSample(images, labels, 3, 6, seed=99, partition_id=4))
+    )
     assert first.shape == (6,) and np.all(first[4:] == 0) and np.all(first[:4] != 0)  # class 2 absent
 
 
@@ -125,3 +130,14 @@ def test_log_normalisation_is_only_for_spectra():
     fp.check_fingerprint("class-eigen", "log")
     with pytest.raises(FedcondError, match="normalisation=log"):
         fp.check_fingerprint("random-id", "log")
+    with pytest.raises(FedcondError, match="unknown fingerprint"):
+        fp.check_fingerprint("nope", "none")
+
+
+def test_the_fingerprint_table_describes_each_fingerprint():
+    # The controls read no sample: computed from empty features they still have their size.
+    empty = fp.ClientSample(np.zeros((0, 4)), np.zeros(0, dtype=int), num_classes=10, dim=32, num_clusters=3)
+    for name, spec in fp.FINGERPRINTS.items():
+        if not spec.needs_data:
+            assert len(spec.compute(empty)) == spec.size(32, 10, 3), name
+    assert {name for name, spec in fp.FINGERPRINTS.items() if spec.spectral} == {"eigen", "class-eigen"}

@@ -70,12 +70,34 @@ def client_of(method, partition_id=0):
 
     from fedcond.client_data import load_client_data
     from fedcond.config import RunConfig
-    from fedcond.methods import get_method
+    from strategies.registry import get_method
 
     config = RunConfig(method=method, num_clusters=2, clients_per_cluster=2, local_epochs=1)
     chosen = get_method(method)
     context = Context(0, 0, {"partition-id": partition_id, "num-partitions": 4}, RecordDict(), {})
-    return chosen.make_client(config, load_client_data(config, partition_id), context, chosen.conditioned)
+    return chosen.client(config, load_client_data(config, partition_id), context, chosen.conditioned)
+
+
+def test_every_method_shuffles_by_the_same_rule():
+    # One batch-order seed per (run seed, round, partition), whichever method's client trains.
+    seeds = {method: client_of(method, 1).round_seed({"server-round": 3}) for method in ("fedavg", "local", "ifca")}
+    expected = int(np.random.SeedSequence([0, 3, 1]).generate_state(1)[0])
+    assert set(seeds.values()) == {expected}
+
+
+def test_one_averaging_rule_equals_flowers_fedavg():
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+    from flwr.server.strategy.aggregate import aggregate_inplace
+
+    rng = np.random.default_rng(3)
+    models = [[rng.standard_normal((4, 3)).astype(np.float32), np.array(7, dtype=np.int64)] for _ in range(3)]
+    counts = [588, 612, 17]
+    results = [
+        (None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(m), n, {}))
+        for m, n in zip(models, counts, strict=True)
+    ]
+    for ours, flowers in zip(agg.weighted_average(models, counts), aggregate_inplace(results), strict=True):
+        assert ours.dtype == flowers.dtype and np.array_equal(ours, flowers)
 
 
 def test_local_never_mixes_anything():

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from fedcond.cli import main
-from fedcond.experiment import Experiment, TableSpec
 from fedcond.paper import DATASETS, DOMAIN_DATASET, EXPERIMENTS, METHODS, PaperCell, load_cells, lookup, paper_csv
-from fedcond.report import paper_table, render
-from fedcond.report import summary_markdown as compare_summary
+from fedcond.tools.cli import main
+from fedcond.tools.experiment import Experiment, TableSpec
+from fedcond.tools.report import paper_table, render
+from fedcond.tools.report import summary_markdown as compare_summary
 
 
 def ours(**settings: str) -> dict[str, str]:

@@ -10,12 +10,12 @@ import torch
 from fedcond.client_data import client_fingerprint, load_client_data
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.experiment import expand_methods
 from fedcond.fingerprint import mean_and_std, standardise
-from fedcond.methods import check_federated, get_method, method_names
 from fedcond.models import build_model
 from fedcond.pooled import normalised_fingerprints, run_pooled
+from fedcond.tools.experiment import expand_methods
 from fedcond.training import TrainSettings, train
+from strategies.registry import federated, get_method, method_names
 
 
 def small(method: str, **extra: object) -> RunConfig:
@@ -95,8 +95,8 @@ def test_pooled_methods_are_named_apart_from_the_federated_ones():
 
 def test_flower_refuses_pooled_methods_with_the_fix():
     with pytest.raises(FedcondError, match="fedcond run, compare or sweep"):
-        check_federated(get_method("pooled-conditional"))
-    check_federated(get_method("conditional"))
+        federated(get_method("pooled-conditional"))
+    federated(get_method("conditional"))
 
 
 def test_a_pooled_run_that_fails_is_recorded_failed(monkeypatch, tmp_path):

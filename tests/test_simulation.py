@@ -46,8 +46,10 @@ def test_short_simulation_writes_a_finite_complete_history(tmp_path, method):
         assert int(rows[0]["bytes_down"]) > 1.4 * fedavg_down
     assert info["config"]["method"] == method and info["config"]["local-epochs"] == 1
     assert info["versions"]["flwr"] == "1.42.0"
-    # Only the conditional method runs the secure-sum setup for federated normalisation.
-    assert (info["setup_bytes"] > 0) == (method == "conditional")
+    # Only the conditional method runs the secure sum for federated normalisation.
+    assert (info["secure_sum_bytes"] > 0) == (method == "conditional")
+    # No path of this machine in run.json: results-dir is recorded relative to the run's folder.
+    assert info["config"]["results-dir"] == ".." and "results_folder" not in info
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

@@ -4,7 +4,7 @@
 127.0.0.1: one ``flower-superlink`` and N ``flower-supernode``s, each SuperNode holding only its own
 client's partition file, all talking TLS with a fresh private CA (``--insecure`` for plain HTTP).
 It submits the run with ``flwr run``, prints where the results are, and stops every process it
-started, also on error, Ctrl+C or SIGTERM. No Flower import here: it runs Flower's executables.
+started, also on error, Ctrl+C or SIGTERM. It drives Flower through its executables alone.
 """
 
 from __future__ import annotations
@@ -17,59 +17,31 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
-from fedcond.cli import (
-    OFFLINE_ENVIRONMENT,
-    app_directory,
-    default_config,
-    prepare,
-    read_overrides,
-    to_run_config_string,
-)
+from fedcond.client_data import export_partitions
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import run_status
+from fedcond.tools.certificates import Certificates, generate_certificates
+from fedcond.tools.flwr_commands import (
+    app_directory,
+    executable,
+    flower_environment,
+    prepare,
+    run_folder,
+    settings_from,
+    to_run_config_string,
+    unfinished,
+)
+from fedcond.tools.processes import Processes
 
 LOOPBACK = "127.0.0.1"
-CERTIFICATE_SCRIPT = Path("scripts") / "generate-certificates.sh"
 # Flower's default ports and the local simulation SuperLink's: never take them, others may use them.
 RESERVED_PORTS = frozenset(range(9091, 9096)) | frozenset(range(39091, 39096))
 CONNECTION = "fedcond-local"  # the connection name deploy-local writes into its private FLWR_HOME
 START_TIMEOUT = 120.0  # seconds the SuperLink may take to listen (imports are slow on a busy machine)
-# Environment variable marking every process one deploy-local started (see Processes.stop_all).
-DEPLOY_TAG = "FEDCOND_DEPLOY_TAG"
-STOP_GRACE = 15.0  # seconds between SIGTERM and SIGKILL: a SuperNode takes ~8 s to shut down
-
-
-@dataclass(frozen=True)
-class Certificates:
-    """The PEM files ``scripts/generate-certificates.sh`` writes."""
-
-    ca: Path  # every SuperNode and `flwr` trust this
-    server_cert: Path  # the SuperLink's certificate, naming its host in subjectAltName
-    server_key: Path
-
-    @classmethod
-    def in_folder(cls, folder: Path) -> Certificates:
-        return cls(folder / "ca.crt", folder / "server.pem", folder / "server.key")
-
-
-def generate_certificates(host: str, folder: Path) -> Certificates:
-    """A private CA and a server certificate for ``host``, by the script the deployment guide uses."""
-    if shutil.which("openssl") is None:
-        raise FedcondError("openssl not found; install it (apt-get install openssl) or pass --insecure")
-    script = app_directory() / CERTIFICATE_SCRIPT
-    result = subprocess.run(["bash", str(script), host, str(folder)], capture_output=True, text=True)
-    if result.returncode != 0:
-        reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise FedcondError(f"{script} failed ({reason}); run it by hand to see why")
-    return Certificates.in_folder(folder)
 
 
 def free_ports(count: int) -> list[int]:
@@ -87,12 +59,6 @@ def free_ports(count: int) -> list[int]:
     finally:
         for probe in sockets:
             probe.close()
-
-
-def executable(name: str) -> str:
-    """A Flower command of this environment (next to its python), whether or not it is activated."""
-    candidate = Path(sys.executable).with_name(name)
-    return str(candidate) if candidate.is_file() else (shutil.which(name) or name)
 
 
 def tls_flags_superlink(certificates: Certificates | None) -> list[str]:
@@ -138,126 +104,6 @@ def flwr_connection_toml(superlink_port: int, certificates: Certificates | None)
     )
 
 
-def descendants(roots: set[int]) -> set[int]:
-    """Every live process below ``roots``, by parent pid (Flower starts SuperExec in a new session)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # The command name (field 2) may hold spaces and parentheses: the ppid follows the last ')'.
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    found: set[int] = set()
-    frontier = list(roots)
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            if child not in found:
-                found.add(child)
-                frontier.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead: only its parent's wait() is missing.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _signal(pid: int, signum: int, group: bool) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        if group:
-            os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
-
-
-def tagged(tag: str) -> set[int]:
-    """Live processes whose environment carries ``DEPLOY_TAG=tag``: everything a launch started,
-    however deep, even after its parent died and it was handed to init."""
-    needle = f"{DEPLOY_TAG}={tag}".encode()
-    found = set()
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if needle in environ.read_bytes().split(b"\0"):
-                found.add(int(environ.parent.name))
-        except (OSError, ValueError):
-            continue
-    return {pid for pid in found if alive(pid)}
-
-
-class Processes:
-    """Every process the launcher starts, each in its own session, all stopped together."""
-
-    def __init__(self, environment: dict[str, str], log_folder: Path) -> None:
-        # Every child inherits the tag, so stop_all finds processes started while it was stopping.
-        self.tag = uuid.uuid4().hex
-        self.environment = {**environment, DEPLOY_TAG: self.tag}
-        self.log_folder = log_folder
-        self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
-
-    def start(self, name: str, command: Sequence[str], cwd: Path, log: bool = True) -> subprocess.Popen[bytes]:
-        """Start ``command``; its output goes to ``<log folder>/<name>.log`` (else to ours)."""
-        output: IO[bytes] | None = (self.log_folder / f"{name}.log").open("wb") if log else None
-        try:
-            # A new session per process: Ctrl+C reaches only this launcher, which then stops them in order.
-            process = subprocess.Popen(
-                list(command), cwd=cwd, env=self.environment, stdout=output, stderr=subprocess.STDOUT if log else None,
-                start_new_session=True,
-            )  # fmt: skip
-        finally:
-            if output is not None:
-                output.close()  # the child holds its own copy
-        self.started.append((name, process))
-        return process
-
-    def log_path(self, name: str) -> Path:
-        return self.log_folder / f"{name}.log"
-
-    def stopped(self) -> list[str]:
-        """Names of started processes that have exited."""
-        return [name for name, process in self.started if process.poll() is not None]
-
-    def stop_all(self) -> None:
-        """SIGTERM every process and its descendants, SIGKILL what is left after ``STOP_GRACE``."""
-        leaders = {process.pid for _, process in self.started if process.poll() is None}
-        family = descendants(leaders) | tagged(self.tag)  # before parents exit and orphan them
-        for pid in leaders:
-            _signal(pid, signal.SIGTERM, group=True)
-        for pid in family:
-            _signal(pid, signal.SIGTERM, group=False)
-        deadline = time.monotonic() + STOP_GRACE
-        while time.monotonic() < deadline and any(alive(pid) for pid in leaders | family):
-            for _, process in self.started:
-                process.poll()  # reap our own children so they don't linger as zombies
-            # A SuperNode may start a ClientApp process while shutting down: stop late arrivals too.
-            for pid in tagged(self.tag) - family:
-                family.add(pid)
-                _signal(pid, signal.SIGTERM, group=False)
-            time.sleep(0.2)
-        for pid in leaders:
-            _signal(pid, signal.SIGKILL, group=True)
-        for _ in range(5):
-            left = {pid for pid in family if alive(pid)} | tagged(self.tag)
-            if not left:
-                break
-            for pid in left:
-                _signal(pid, signal.SIGKILL, group=False)
-            time.sleep(0.2)
-        for _, process in self.started:
-            with suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
-
-
 def wait_until_listening(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
     """Return once something accepts connections on ``port``; fail if ``process`` exits first."""
     deadline = time.monotonic() + START_TIMEOUT
@@ -293,18 +139,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous_interrupt)
 
 
-def settings_from(assignments: Sequence[str], override_file: str | None) -> RunConfig:
-    """The run configuration from defaults, an experiment file and ``key=value`` words."""
-    return RunConfig.from_mapping({**default_config(), **read_overrides(assignments, override_file)})
-
-
 def export_partitions_command(assignments: Sequence[str], out: str, override_file: str | None = None) -> int:
     """``fedcond export-partitions``: one ``partition-<id>.npz`` per client, to copy to its machine."""
-    from fedcond.client_data import export_partitions
-    from fedcond.scenarios import validate_without_data
-
     config = settings_from(assignments, override_file)
-    validate_without_data(config)
     folder = Path(out).expanduser().resolve()
     paths = export_partitions(config, folder)
     print(f"fedcond: {len(paths)} partition files in {folder} (partition-0.npz .. partition-{len(paths) - 1}.npz)")
@@ -330,11 +167,9 @@ def deploy_local(
             f"pass --nodes {config.num_clients} or settings with {nodes} clients (e.g. num-clusters={nodes} "
             "clients-per-cluster=1)"
         )
-    folder = Path(str(overrides["results-dir"]), str(overrides["run-name"]))
+    folder = run_folder(overrides)
     workdir = Path(tempfile.mkdtemp(prefix="fedcond-deploy-"))
-    environment = {**os.environ, **OFFLINE_ENVIRONMENT, "FLWR_HOME": str(workdir / "flwr-home")}
-    # flwr's processes start one another by name: make this environment's scripts findable unactivated.
-    environment["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])
+    environment = flower_environment(FLWR_HOME=str(workdir / "flwr-home"))
     # N SuperNodes share this machine's cores; without this every ClientApp's torch takes them all.
     environment["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nodes))
     for name in ("flwr-home", "logs", "superlink", *(f"supernode-{i}" for i in range(nodes))):
@@ -351,7 +186,7 @@ def deploy_local(
         processes.stop_all()
         _keep_logs(workdir, folder, succeeded)
     if not succeeded:
-        print(f"fedcond: error: the run did not finish (status: {run_status(folder)}); see the process logs",
+        print(f"fedcond: error: the run did not finish (status: {unfinished(folder)}); see the process logs",
               file=sys.stderr)  # fmt: skip
         return 1
     print(f"fedcond: results in {folder} (history.csv, run.json; process logs in deploy-logs/)")
@@ -367,8 +202,6 @@ def _deploy(
     processes: Processes,
     folder: Path,
 ) -> bool:
-    from fedcond.client_data import export_partitions
-
     certificates = None if insecure else generate_certificates(LOOPBACK, workdir / "certificates")
     # Each SuperNode gets only its own client's file, as a client machine would hold only its data.
     partition_files = export_partitions(config, workdir / "partitions")
@@ -393,8 +226,7 @@ def _deploy(
         if crashed:
             raise FedcondError(f"{crashed[0]} stopped during the run; see {crashed[0]}.log in the process logs")
         time.sleep(0.5)
-    # `flwr run --stream` exits 0 even when the ServerApp fails: the run's own record decides.
-    return run_status(folder) == "finished"
+    return unfinished(folder) is None
 
 
 def _keep_logs(workdir: Path, folder: Path, succeeded: bool) -> None:

@@ -109,7 +109,7 @@ def expand_methods(values: Sequence[Any] | str) -> list[Any]:
     A method value may also be a bundle, ``{ label = "recommended", method = "conditional",
     fingerprint = "class-mean", ... }``: a named variant whose label is its name in every table.
     """
-    from fedcond.methods import get_method, method_names
+    from strategies.registry import get_method, method_names
 
     entries = [values] if isinstance(values, str) else list(values)
     expanded: list[Any] = []
@@ -219,8 +219,8 @@ def _folder_name(labels: Mapping[str, str]) -> str:
 
 
 def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> list[PlannedRun]:
-    """Every combination of axis values as a validated run (no data is loaded here)."""
-    from fedcond.scenarios import validate_without_data
+    """Every combination of axis values as a checked run (no data is loaded here)."""
+    from strategies.registry import check_run, run_config
 
     planned = []
     axes = list(experiment.axes.items())
@@ -232,8 +232,8 @@ def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> lis
             labels[axis] = axis_label(value)
         name = _folder_name(labels)
         values.update({"results-dir": str(runs_dir), "run-name": name, "verbose": False})
-        config = RunConfig.from_mapping(values)
-        validate_without_data(config)
+        config = run_config(values)
+        check_run(config)
         planned.append(PlannedRun(name, config, labels))
     names = [run.name for run in planned]
     if len(set(names)) != len(names):
@@ -363,9 +363,9 @@ def run_experiment(
     experiment: Experiment, base: Mapping[str, Any], out: Path, runner: Runner, stream: TextIO
 ) -> list[PlannedRun]:
     """Run every unfinished grid point in order; returns the plan. Failures are recorded, not fatal."""
-    out.mkdir(parents=True, exist_ok=True)
     runs_dir = (out / "runs").resolve()
-    planned = plan(experiment, base, runs_dir)
+    planned = plan(experiment, base, runs_dir)  # every run is checked before anything is written
+    out.mkdir(parents=True, exist_ok=True)
     record_experiment(experiment, out)
     pending = [run for run in planned if not finished_before(run, runs_dir)]
     skipped = len(planned) - len(pending)

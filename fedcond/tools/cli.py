@@ -13,16 +13,16 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.experiment import (
+from fedcond.tools import deploy
+from fedcond.tools.experiment import (
     Experiment,
     column_name,
     describe_plan,
@@ -36,86 +36,20 @@ from fedcond.experiment import (
     runs_not_started,
     write_metrics,
 )
-from fedcond.history import run_status, unused_run_folder
-
-# flwr 1.42 checks for updates, posts telemetry and rebuilds the app's environment per run unless
-# told not to; all three fail or mislead on a machine without internet.
-OFFLINE_ENVIRONMENT = {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    # A single-machine simulation needs no network: this makes the local Ray bind to loopback.
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-}
-
-
-def app_directory() -> Path:
-    """The Flower app (the folder whose pyproject.toml declares it): the source checkout."""
-    folder = Path(__file__).resolve().parent.parent
-    pyproject = folder / "pyproject.toml"
-    if not pyproject.is_file() or "tool" not in tomllib.loads(pyproject.read_text()):
-        raise FedcondError(f"no Flower app at {folder}; install fedcond from a source checkout (pip install -e .)")
-    return folder
-
-
-def parse_assignments(assignments: Sequence[str]) -> dict[str, object]:
-    """``key=value`` words into run-config values (TOML literals; bare words are strings)."""
-    values: dict[str, object] = {}
-    for assignment in assignments:
-        key, sep, raw = assignment.partition("=")
-        if not sep or not key:
-            raise FedcondError(f"'{assignment}' is not key=value; write e.g. method=fedavg")
-        try:
-            values[key.strip()] = tomllib.loads(f"v = {raw.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            values[key.strip()] = raw.strip()
-    return values
-
-
-def default_config() -> dict[str, object]:
-    return tomllib.loads((app_directory() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-
-
-def to_run_config_string(values: dict[str, object]) -> str:
-    """Flower's ``--run-config`` syntax: space-separated TOML assignments, strings quoted."""
-    return " ".join(f"{key}={json.dumps(value)}" for key, value in values.items())
-
-
-def read_override_file(path: str | None) -> dict[str, object]:
-    """An experiment file: a flat TOML table of run-config keys (the format ``flwr run`` takes too)."""
-    if path is None:
-        return {}
-    try:
-        return tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FedcondError(f"no experiment file {path}; see experiments/README.md for the ones that exist") from None
-    except tomllib.TOMLDecodeError as error:
-        raise FedcondError(f"{path} is not valid TOML ({error}); fix the file") from None
-
-
-def read_overrides(assignments: Sequence[str], override_file: str | None) -> dict[str, object]:
-    """An experiment file's settings, then the command line's ``key=value`` words over them."""
-    return {**read_override_file(override_file), **parse_assignments(assignments)}
-
-
-def prepare(assignments: Sequence[str], override_file: str | None = None) -> tuple[RunConfig, dict[str, object]]:
-    """Validate everything (data files included) before Flower starts, and fill the results folder."""
-    from fedcond.methods import check_held_out, get_method
-    from fedcond.scenarios import scenario_for, validate_without_data
-
-    overrides = read_overrides(assignments, override_file)
-    config = RunConfig.from_mapping({**default_config(), **overrides})
-    validate_without_data(config)
-    check_held_out(get_method(config.method), config)
-    scenario_for(config)  # loads the data and splits it: missing or corrupt files stop here
-    # The folder is named here, so that this process can tell afterwards whether the run finished.
-    folder = unused_run_folder(config)
-    overrides["results-dir"] = str(folder.parent)
-    overrides["run-name"] = folder.name
-    if config.data_dir:
-        overrides["data-dir"] = str(config.resolved_data_dir())
-    return config, overrides
+from fedcond.tools.flwr_commands import (
+    OFFLINE_ENVIRONMENT,
+    app_directory,
+    default_config,
+    executable,
+    flower_environment,
+    parse_assignments,
+    prepare,
+    read_overrides,
+    run_folder,
+    to_run_config_string,
+    unfinished,
+)
+from strategies.registry import run_config
 
 
 def default_gpus_per_client() -> float:
@@ -128,41 +62,85 @@ def default_gpus_per_client() -> float:
 def run(
     assignments: Sequence[str], cpus_per_client: int, gpus_per_client: float | None, override_file: str | None = None
 ) -> int:
+    """``fedcond run``: ``flwr run`` with the node count, resources, offline environment and an absolute
+    results folder filled in. The terminal shows fedcond's own lines; Flower's full output goes to
+    ``flower.log`` in the run's folder, which also gets ``convergence.png``."""
     config, overrides = prepare(assignments, override_file)
     if is_pooled(config):
         # The paper's centralised protocol has no federation to start: it trains right here.
         from fedcond.pooled import run_pooled
 
-        run_pooled(RunConfig.from_mapping({**default_config(), **overrides}))
+        run_pooled(run_config({**default_config(), **overrides}))
+        print(closing_summary(run_folder(overrides)), flush=True)
         return 0
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
-    flwr = str(Path(sys.executable).with_name("flwr"))
-    if not Path(flwr).is_file():
-        flwr = shutil.which("flwr") or "flwr"
     federation = (
         f"num-supernodes={config.num_clients} client-resources-num-cpus={cpus_per_client} "
         f"client-resources-num-gpus={gpus}"
     )
-    command = [flwr, "run", str(app_directory()), "--stream", "--run-config", to_run_config_string(overrides),
-               "--federation-config", federation]  # fmt: skip
-    environment = {**os.environ, **OFFLINE_ENVIRONMENT}
-    # flwr starts `flower-superlink` by name: make this environment's scripts findable unactivated.
-    scripts = str(Path(sys.executable).parent)
-    environment["PATH"] = os.pathsep.join([scripts, environment.get("PATH", "")])
+    command = [executable("flwr"), "run", str(app_directory()), "--stream", "--run-config",
+               to_run_config_string(overrides), "--federation-config", federation]  # fmt: skip
+    environment = flower_environment()
     # flwr's local SuperLink keeps the cwd it starts in; a neutral one keeps it out of the source tree.
     flwr_home = Path(environment.get("FLWR_HOME", Path.home() / ".flwr"))
     flwr_home.mkdir(parents=True, exist_ok=True)
-    folder = Path(str(overrides["results-dir"]), str(overrides["run-name"]))
-    print(f"fedcond: {config.num_clients} clients, results in {folder}", flush=True)
-    returncode = subprocess.call(command, env=environment, cwd=flwr_home)
-    # `flwr run --stream` exits 0 even when the ServerApp fails: the run's own record decides.
-    status = run_status(folder)
-    if status != "finished":
-        print(
-            f"fedcond: error: the run did not finish (status: {status}); the reason is printed above", file=sys.stderr
-        )
+    folder = run_folder(overrides)
+    print(f"fedcond: {config.method} on {config.num_clients} clients, results in {folder}", flush=True)
+    # The ServerApp creates the run's folder: Flower's output waits beside it until then.
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    log = folder.parent / f".{folder.name}.flower.log"
+    returncode = stream_filtered(command, environment, flwr_home, log)
+    if folder.is_dir():
+        log = log.replace(folder / FLOWER_LOG)
+    reason = unfinished(folder)
+    if reason is not None:
+        print(f"fedcond: error: the run did not finish (status: {reason}); Flower's output is in {log}",
+              file=sys.stderr)  # fmt: skip
         return returncode or 1
+    print(closing_summary(folder), flush=True)
     return returncode
+
+
+FLOWER_LOG = "flower.log"
+# The lines of fedcond's own that `fedcond run` shows: its messages and one line per round.
+OWN_LINE = re.compile(r"^(fedcond:|round +\d+/\d+|scenario |  cluster |  samples per client)")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def stream_filtered(command: Sequence[str], environment: dict[str, str], cwd: Path, log: Path) -> int:
+    """Run ``command``, every output line to ``log``, fedcond's own lines also to the terminal."""
+    with log.open("w") as handle:
+        process = subprocess.Popen(list(command), env=environment, cwd=cwd, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, errors="replace")  # fmt: skip
+        assert process.stdout is not None
+        for line in process.stdout:
+            handle.write(line)
+            text = ANSI_ESCAPE.sub("", line).rstrip()
+            if OWN_LINE.match(text):
+                print(text, flush=True)
+        return process.wait()
+
+
+def closing_summary(folder: Path) -> str:
+    """The final numbers, and ``convergence.png`` drawn from the run's history."""
+    from fedcond.tools.experiment import read_history
+    from fedcond.tools.report import convergence_plot
+
+    info = json.loads((folder / "run.json").read_text())
+    config = info["config"]
+    history = read_history(folder / "history.csv")
+    rows = [{**row, "method": config["method"], "seed": str(config["seed"])} for row in history]
+    if rows:
+        title = f"{config['method']} on {config['dataset']} {config['scenario']}, K={config['num-clusters']}"
+        convergence_plot(rows, folder / "convergence.png", title)
+    held = info.get("final_heldout_accuracy")
+    return (
+        f"fedcond: finished {info.get('rounds_completed')} rounds in {info.get('total_seconds') or 0:.0f} s: "
+        f"accuracy {info.get('final_accuracy') or float('nan'):.4f}"
+        + (f", held-out {held:.4f}" if held is not None else "")
+        + f"\nfedcond: {folder}: "
+        + ", ".join(sorted(path.name for path in folder.iterdir()))
+    )
 
 
 def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> Callable[[RunConfig], None]:
@@ -187,7 +165,7 @@ def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> 
 
 def is_pooled(config: RunConfig) -> bool:
     """True for the paper's centralised protocol (``pooled-*`` methods), which runs without Flower."""
-    from fedcond.methods import get_method
+    from strategies.registry import get_method
 
     return get_method(config.method).protocol == "pooled"
 
@@ -204,7 +182,7 @@ def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, a
 
 def report(out: Path) -> int:
     """(Re)write ``metrics.csv`` and the reports of a compare or sweep folder, and print them."""
-    from fedcond.report import render
+    from fedcond.tools.report import render
 
     experiment = load_experiment(out)
     write_metrics(experiment, out)
@@ -233,7 +211,7 @@ def display_path(path: Path) -> str:
 
 def reproduction(folders: Sequence[str], out: str, notes: str | None) -> int:
     """``fedcond reproduction``: the hand-written notes, then every folder's results beside the paper's."""
-    from fedcond.report import GENERATED_MARKER, NOTES_FILE, reproduction_markdown
+    from fedcond.tools.report import GENERATED_MARKER, NOTES_FILE, reproduction_markdown
 
     out_path = Path(out)
     notes_path = Path(notes) if notes else out_path.parent / NOTES_FILE
@@ -360,8 +338,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command == "reproduction":
             return reproduction(arguments.folders, arguments.out, arguments.notes)
         if arguments.command in ("deploy-local", "export-partitions"):
-            from fedcond import deploy  # imports this module: loaded on use
-
             if arguments.command == "export-partitions":
                 return deploy.export_partitions_command(arguments.settings, arguments.out, arguments.config)
             return deploy.deploy_local(arguments.settings, arguments.nodes, arguments.insecure, arguments.config)
@@ -375,8 +351,8 @@ def list_choices() -> int:
     from fedcond.config import CONDITIONINGS
     from fedcond.datasets import DATASETS
     from fedcond.fingerprint import FINGERPRINTS
-    from fedcond.methods import registry
     from fedcond.scenarios import SCENARIOS
+    from strategies.registry import registry
 
     print("methods:   " + ", ".join(f"{name} ({method.summary})" for name, method in registry().items()))
     print("datasets:  " + ", ".join(DATASETS))

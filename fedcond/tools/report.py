@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from fedcond.errors import FedcondError
-from fedcond.experiment import (
+from fedcond.paper import PaperMatch, lookup, tables_in_order
+from fedcond.tools.experiment import (
     METRIC_COLUMNS,
     METRICS_FILE,
     OPTIONAL_METRIC_COLUMNS,
@@ -32,7 +33,6 @@ from fedcond.experiment import (
     format_duration,
     load_experiment,
 )
-from fedcond.paper import PaperMatch, lookup, tables_in_order
 
 Row = dict[str, str]
 # Legend lines naming why a setting has no paper counterpart, at most (a sweep of our variants has many).
@@ -374,6 +374,16 @@ class TableData:
         """Final accuracies (one per run, so one per seed) of one cell; empty where nothing ran."""
         return [as_float(final["accuracy"]) for final in self.cell_rows(row, group, values)]
 
+    def heldout_cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
+        """Final accuracies of the held-out clients (never trained) of one cell; empty without them."""
+        finals = (as_float(final.get("heldout_accuracy", "")) for final in self.cell_rows(row, group, values))
+        return [value for value in finals if math.isfinite(value)]
+
+    @property
+    def has_heldout(self) -> bool:
+        finals = (final for cell in self.finals.values() for final in cell)
+        return any(math.isfinite(as_float(final.get("heldout_accuracy", ""))) for final in finals)
+
     def header(self, group: str, values: tuple[str, ...]) -> str:
         label = ", ".join(f"{name}={value}" for name, value in zip(self.axis_names, values, strict=True))
         return " ".join(part for part in (group, label) if part) or "final accuracy"
@@ -384,6 +394,7 @@ def paper_table(rows: Sequence[Row], spec: TableSpec) -> str:
 
     Each cell is the mean final accuracy over seeds (± 95% CI half-width with several seeds), then
     the paper's number and our difference where the paper has the cell; the best of each column is bold.
+    Where runs had held-out clients (never trained), each column is followed by their final accuracy.
     """
     return _paper_table(rows, spec)[0]
 
@@ -399,9 +410,11 @@ def _paper_table(rows: Sequence[Row], spec: TableSpec) -> tuple[str, dict[str, P
         if data.cell_rows(row, *slot)
     }
     with_paper = _with_paper(matches)
+    held = data.has_heldout
+    headers = [data.header(*slot) + (f" | {data.header(*slot)} held-out" if held else "") for slot in slots]
     lines = [
-        "| " + spec.rows + " | " + " | ".join(data.header(*slot) for slot in slots) + " |",
-        "|---|" + "---|" * len(slots),
+        "| " + spec.rows + " | " + " | ".join(headers) + " |",
+        "|---|" + "---|" * len(slots) * (2 if held else 1),
     ]
     best = {}
     for slot in slots:
@@ -417,6 +430,9 @@ def _paper_table(rows: Sequence[Row], spec: TableSpec) -> tuple[str, dict[str, P
                 paper, delta = _paper_cells(_mean(values), matches[f"{row} {data.header(*slot)}"])
                 text += f" (paper {paper}, {delta})" if paper != "—" else " (paper —)"
             cells.append(text)
+            if held:
+                heldout = data.heldout_cell(row, *slot)
+                cells.append(format_accuracy(_mean(heldout), confidence_half_width(heldout)) if heldout else "—")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines), matches
 

@@ -1,4 +1,5 @@
-"""Before round 1: check the federation's size, and run the secure sum for federated normalisation."""
+"""Talking to the whole federation before round 1: check its size, ask every client a question, and
+run the secure sum of fingerprint statistics for federated normalisation."""
 
 from __future__ import annotations
 
@@ -14,8 +15,18 @@ from fedcond import fingerprint as fp
 from fedcond import secure_sum
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.protocol import ERROR, PUBLIC_KEY, PUBLIC_KEYS, SESSION, SHARE, STEP, STEP_KEYS, STEP_SHARE
-from fedcond.wire import UINT64, array_from_bytes
+from fedcond.messages import (
+    ERROR,
+    PUBLIC_KEY,
+    PUBLIC_KEYS,
+    SESSION,
+    SHARE,
+    STEP,
+    STEP_KEYS,
+    STEP_SHARE,
+    UINT64,
+    array_from_bytes,
+)
 
 
 def all_clients(client_manager: ClientManager, config: RunConfig) -> list[ClientProxy]:
@@ -38,9 +49,9 @@ def ask_all(proxies: list[ClientProxy], config: dict[str, object]) -> list[dict[
     def ask(proxy: ClientProxy) -> dict[str, object]:
         response = proxy.get_properties(GetPropertiesIns(config=config), timeout=None, group_id=0)
         if response.status.code != Code.OK:
-            raise FedcondError(f"a client failed the setup step: {response.status.message}")
+            raise FedcondError(f"a client failed to answer before round 1: {response.status.message}")
         if ERROR in response.properties:
-            raise FedcondError(f"a client failed the setup step: {response.properties[ERROR]}")
+            raise FedcondError(f"a client failed to answer before round 1: {response.properties[ERROR]}")
         return response.properties
 
     with ThreadPoolExecutor(max_workers=min(len(proxies), 16)) as pool:

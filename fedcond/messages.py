@@ -1,0 +1,43 @@
+"""What travels between strategy and client: the names of the values (Flower configs, properties,
+metrics) and how small vectors are encoded in them (those carry scalars and bytes only).
+
+Shared by the adapters in ``clients/`` and ``strategies/``; kept here so that a move to another
+Flower API changes how values travel, not what they are called or how they are packed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcond.errors import FedcondError
+
+STEP = "fedcond-step"
+STEP_KEYS = "secure-sum-keys"
+STEP_SHARE = "secure-sum-share"
+STEP_IDENTITY = "identity"
+PUBLIC_KEY = "public-key"
+PUBLIC_KEYS = "public-keys"
+SESSION = "session"
+SHARE = "share"
+SERVER_ROUND = "server-round"
+FINGERPRINT_MEAN = "fingerprint-mean"
+FINGERPRINT_STD = "fingerprint-std"
+PARTITION_ID = "partition-id"
+CLUSTER = "cluster"
+TRAIN_LOSS = "train-loss"
+ACCURACY = "accuracy"
+CHOICE = "choice"
+ERROR = "fedcond-error"
+
+FLOAT64 = "<f8"
+UINT64 = "<u8"
+
+
+def array_to_bytes(vector: np.ndarray, dtype: str = FLOAT64) -> bytes:
+    return np.ascontiguousarray(vector, dtype=dtype).tobytes()
+
+
+def array_from_bytes(payload: object, name: str, dtype: str = FLOAT64) -> np.ndarray:
+    if not isinstance(payload, bytes) or len(payload) % 8:
+        raise FedcondError(f"'{name}' is missing or malformed; server and client run different fedcond versions")
+    return np.frombuffer(payload, dtype=dtype).copy()

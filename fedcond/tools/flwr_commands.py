@@ -1,0 +1,132 @@
+"""What every tool that drives Flower's own executables shares: the run settings (the app's
+defaults, an experiment file, ``key=value`` words), the environment Flower needs offline, where
+its executables are, and how to tell whether a run finished (``flwr run`` does not say).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.history import run_status, unused_run_folder
+from strategies.registry import check_run, run_config
+
+# flwr 1.42 checks for updates, posts telemetry and rebuilds the app's environment per run unless
+# told not to; all three fail or mislead on a machine without internet.
+OFFLINE_ENVIRONMENT = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # A single-machine simulation needs no network: this makes the local Ray bind to loopback.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+}
+
+
+def app_directory() -> Path:
+    """The Flower app (the folder whose pyproject.toml declares it): the source checkout."""
+    folder = Path(__file__).resolve().parents[2]
+    pyproject = folder / "pyproject.toml"
+    if not pyproject.is_file() or "tool" not in tomllib.loads(pyproject.read_text()):
+        raise FedcondError(f"no Flower app at {folder}; install fedcond from a source checkout (pip install -e .)")
+    return folder
+
+
+def executable(name: str) -> str:
+    """A Flower command of this environment (next to its python), whether or not it is activated."""
+    candidate = Path(sys.executable).with_name(name)
+    return str(candidate) if candidate.is_file() else (shutil.which(name) or name)
+
+
+def flower_environment(**extra: str) -> dict[str, str]:
+    """This process's environment, offline, with this environment's scripts first on PATH: Flower's
+    processes start one another by name (``flwr`` starts ``flower-superlink``)."""
+    environment = {**os.environ, **OFFLINE_ENVIRONMENT, **extra}
+    environment["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])
+    return environment
+
+
+def to_run_config_string(values: dict[str, object]) -> str:
+    """Flower's ``--run-config`` (and ``--node-config``) syntax: space-separated TOML assignments."""
+    return " ".join(f"{key}={json.dumps(value)}" for key, value in values.items())
+
+
+def parse_assignments(assignments: Sequence[str]) -> dict[str, object]:
+    """``key=value`` words into run-config values (TOML literals; bare words are strings)."""
+    values: dict[str, object] = {}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep or not key:
+            raise FedcondError(f"'{assignment}' is not key=value; write e.g. method=fedavg")
+        try:
+            values[key.strip()] = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            values[key.strip()] = raw.strip()
+    return values
+
+
+def default_config() -> dict[str, object]:
+    """The app's run config as ``pyproject.toml`` declares it."""
+    return tomllib.loads((app_directory() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def read_override_file(path: str | None) -> dict[str, object]:
+    """An experiment file: a flat TOML table of run-config keys (the format ``flwr run`` takes too)."""
+    if path is None:
+        return {}
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FedcondError(f"no experiment file {path}; see experiments/README.md for the ones that exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise FedcondError(f"{path} is not valid TOML ({error}); fix the file") from None
+
+
+def read_overrides(assignments: Sequence[str], override_file: str | None) -> dict[str, object]:
+    """An experiment file's settings, then the command line's ``key=value`` words over them."""
+    return {**read_override_file(override_file), **parse_assignments(assignments)}
+
+
+def settings_from(assignments: Sequence[str], override_file: str | None) -> RunConfig:
+    """The run configuration from defaults, an experiment file and ``key=value`` words, checked."""
+    config = run_config({**default_config(), **read_overrides(assignments, override_file)})
+    check_run(config)
+    return config
+
+
+def prepare(assignments: Sequence[str], override_file: str | None = None) -> tuple[RunConfig, dict[str, object]]:
+    """Check everything (data files included) before Flower starts, and name the results folder.
+
+    Returns the configuration and the overrides to pass to ``flwr run`` (absolute paths: the
+    ServerApp runs in the SuperLink's working directory, not ours).
+    """
+    overrides = read_overrides(assignments, override_file)
+    config = run_config({**default_config(), **overrides})
+    check_run(config, load_data=True)
+    # The folder is named here, so that this process can tell afterwards whether the run finished.
+    folder = unused_run_folder(config)
+    overrides["results-dir"] = str(folder.parent)
+    overrides["run-name"] = folder.name
+    if config.data_dir:
+        overrides["data-dir"] = str(config.resolved_data_dir())
+    return config, overrides
+
+
+def run_folder(overrides: dict[str, object]) -> Path:
+    return Path(str(overrides["results-dir"]), str(overrides["run-name"]))
+
+
+def unfinished(folder: Path) -> str | None:
+    """Why the run of ``folder`` did not finish, or None if it did.
+
+    ``flwr run --stream`` exits 0 even when the ServerApp fails: the run's own record decides.
+    """
+    status = run_status(folder)
+    return None if status == "finished" else status

@@ -1,0 +1,131 @@
+"""The processes a local deployment starts, and stopping all of them, however deep, with psutil.
+
+Flower's processes start others (a SuperLink its SuperExec, in a session of its own; a SuperNode a
+ClientApp process per message), and some outlive their parents. Every started process carries a
+tag in its environment, inherited by all it starts, so ``stop_all`` finds them even after they
+were handed to init.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+# Environment variable marking every process one launcher started.
+TAG_VARIABLE = "FEDCOND_DEPLOY_TAG"
+STOP_GRACE = 15.0  # seconds between SIGTERM and SIGKILL: a SuperNode takes ~8 s to shut down
+
+
+def descendants(roots: Iterable[int]) -> set[int]:
+    """Every live process below ``roots`` (pids)."""
+    found: set[int] = set()
+    for pid in roots:
+        try:
+            found |= {child.pid for child in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def tagged(tag: str) -> set[int]:
+    """Live processes whose environment carries ``TAG_VARIABLE=tag``."""
+    found = set()
+    for process in psutil.process_iter(["environ"], ad_value=None):
+        environment = process.info["environ"] or {}
+        if environment.get(TAG_VARIABLE) == tag and alive(process.pid):
+            found.add(process.pid)
+    return found
+
+
+def _processes(pids: Iterable[int]) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _send(processes: Iterable[psutil.Process], kill: bool) -> None:
+    for process in processes:
+        try:
+            process.kill() if kill else process.terminate()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+
+
+class Processes:
+    """Every process the launcher starts, each in its own session, all stopped together."""
+
+    def __init__(self, environment: dict[str, str], log_folder: Path) -> None:
+        # Every child inherits the tag, so stop_all finds processes started while it was stopping.
+        self.tag = uuid.uuid4().hex
+        self.environment = {**environment, TAG_VARIABLE: self.tag}
+        self.log_folder = log_folder
+        self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, command: Sequence[str], cwd: Path, log: bool = True) -> subprocess.Popen[bytes]:
+        """Start ``command``; its output goes to ``<log folder>/<name>.log`` (else to ours)."""
+        output: IO[bytes] | None = self.log_path(name).open("wb") if log else None
+        try:
+            # A new session per process: Ctrl+C reaches only this launcher, which then stops them in order.
+            process = subprocess.Popen(
+                list(command), cwd=cwd, env=self.environment, stdout=output, stderr=subprocess.STDOUT if log else None,
+                start_new_session=True,
+            )  # fmt: skip
+        finally:
+            if output is not None:
+                output.close()  # the child holds its own copy
+        self.started.append((name, process))
+        return process
+
+    def log_path(self, name: str) -> Path:
+        return self.log_folder / f"{name}.log"
+
+    def stopped(self) -> list[str]:
+        """Names of started processes that have exited."""
+        return [name for name, process in self.started if process.poll() is not None]
+
+    def stop_all(self) -> None:
+        """SIGTERM every process and its descendants, SIGKILL what is left after ``STOP_GRACE``."""
+        leaders = {process.pid for _, process in self.started if process.poll() is None}
+        # Found before any parent exits and orphans its children.
+        family = _processes(leaders | descendants(leaders) | tagged(self.tag))
+        _send(family, kill=False)
+        deadline = time.monotonic() + STOP_GRACE
+        while time.monotonic() < deadline:
+            for _, process in self.started:
+                process.poll()  # reap our own children so they don't linger as zombies
+            # A SuperNode may start a ClientApp process while shutting down: stop late arrivals too.
+            late = _processes(tagged(self.tag) - {process.pid for process in family})
+            _send(late, kill=False)
+            family += late
+            if not any(alive(process.pid) for process in family):
+                break
+            time.sleep(0.2)
+        for _ in range(5):
+            left = _processes({process.pid for process in family if alive(process.pid)} | tagged(self.tag))
+            if not left:
+                break
+            _send(left, kill=True)
+            time.sleep(0.2)
+        for _, process in self.started:
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                continue

@@ -1,0 +1,137 @@
+"""The method registry: a method is a client behaviour paired with a strategy, found by name.
+
+Adding a method is its client file and/or strategy file plus one line in ``registry()``; the
+method's own settings (``options``) and whether it serves held-out clients are declared on its
+classes, next to the code that reads them. ``check_run`` is the one place a run is checked before
+anything starts: every entry point (the ServerApp, ``fedcond run``, compare, sweep, deploy-local,
+export-partitions) calls it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from clients.ditto_client import DittoClient
+from clients.ifca_client import IfcaClient
+from clients.local_client import LocalClient
+from clients.numpy_client import FedcondClient
+from fedcond.config import Option, RunConfig
+from fedcond.errors import FedcondError
+from fedcond.scenarios import scenario_for, validate_without_data
+from strategies.base import FedcondStrategy
+from strategies.cluster_models import IfcaStrategy, OracleStrategy
+from strategies.fedavg import FedcondFedAvg
+from strategies.local import LocalStrategy
+from strategies.peer import DacStrategy, GossipStrategy
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named pairing: how each client behaves and which strategy the server runs."""
+
+    name: str
+    summary: str
+    #: None for the pooled references, which train centrally, in-process, without Flower.
+    client: type[FedcondClient] | None
+    strategy: type[FedcondStrategy] | None
+    #: Whether the model is fed the client's fingerprint.
+    conditioned: bool = False
+    #: "federated" (Flower rounds) or "pooled" (the paper's centralised protocol, ``fedcond.pooled``).
+    protocol: str = "federated"
+
+    @property
+    def options(self) -> tuple[Option, ...]:
+        return tuple(option for part in (self.client, self.strategy) if part is not None for option in part.options)
+
+    @property
+    def serves_held_out_clients(self) -> bool:
+        if self.strategy is None:  # pooled: a newcomer gets the pooled model (or its true cluster's)
+            return self.protocol == "pooled"
+        return self.strategy.serves_held_out_clients
+
+
+@functools.cache
+def registry() -> dict[str, Method]:
+    """Every method by name, in the order reports list them."""
+    methods = (
+        Method("fedavg", "one global backbone CNN, FedAvg over all clients", FedcondClient, FedcondFedAvg),
+        Method("conditional", "one global CNN fed each client's fingerprint", FedcondClient, FedcondFedAvg, True),
+        Method("local", "each client trains only its own model", LocalClient, LocalStrategy),
+        Method("oracle", "FedAvg within each true cluster (reference)", FedcondClient, OracleStrategy),
+        Method("ifca", "K models, each client trains its lowest-loss one", IfcaClient, IfcaStrategy),
+        Method("ditto", "personal models pulled towards FedAvg's", DittoClient, FedcondFedAvg),
+        Method("gossip", "random pairwise averaging of per-client models", FedcondClient, GossipStrategy),
+        Method("dac", "averaging with the top-k cosine-similar peers", FedcondClient, DacStrategy),
+        # The paper's own protocol, centrally pooled (a reference, not a federated method).
+        Method("pooled-conditional", "the paper's protocol: one conditioned CNN on all clients' pooled data",
+               None, None, True, "pooled"),
+        Method("pooled-oracle", "the paper's protocol: one CNN per true cluster on its pooled data",
+               None, None, False, "pooled"),
+        Method("pooled-global", "the paper's protocol: one CNN on all clients' pooled data",
+               None, None, False, "pooled"),
+    )  # fmt: skip
+    return {method.name: method for method in methods}
+
+
+def get_method(name: str) -> Method:
+    """The registered method ``name``, or a one-line error listing the known ones."""
+    methods = registry()
+    if name not in methods:
+        raise FedcondError(f"unknown method '{name}'; choose one of {', '.join(methods)}")
+    return methods[name]
+
+
+def declared_options() -> tuple[Option, ...]:
+    """Every method's options, each once (methods may share a class)."""
+    unique = {option.key: option for method in registry().values() for option in method.options}
+    return tuple(unique.values())
+
+
+def run_config(mapping: Mapping[str, Any]) -> RunConfig:
+    """A run configuration from run-config keys, the methods' own options included."""
+    return RunConfig.from_mapping(mapping, declared_options())
+
+
+def method_names(selection: str) -> list[str]:
+    """``all``: every federated method (the paper's comparison); ``pooled``: the pooled reference family."""
+    protocol = "pooled" if selection == "pooled" else "federated"
+    return [name for name, method in registry().items() if method.protocol == protocol]
+
+
+def held_out_methods() -> list[str]:
+    """Federated methods under which a client that never trains has a model to evaluate."""
+    return [name for name in method_names("all") if registry()[name].serves_held_out_clients]
+
+
+def federated(method: Method) -> tuple[type[FedcondClient], type[FedcondStrategy]]:
+    """The method's client and strategy classes; Flower runs only federated methods."""
+    if method.client is None or method.strategy is None:
+        raise FedcondError(
+            f"{method.name} is the paper's centrally pooled protocol, not a federation; run it with "
+            "fedcond run, compare or sweep (they train it in-process), not with flwr run"
+        )
+    return method.client, method.strategy
+
+
+def check_run(config: RunConfig, load_data: bool = False) -> Method:
+    """Every check a run has before anything starts; returns its method.
+
+    ``RunConfig`` has already checked each value on its own; this checks how they fit together
+    (dataset, scenario, encoder, method, held-out clients). With ``load_data`` it also reads and
+    splits the data, so missing files or clients with too few samples stop the run here too.
+    """
+    validate_without_data(config)
+    method = get_method(config.method)
+    if config.held_out_clients and not method.serves_held_out_clients:
+        supported = held_out_methods()
+        raise FedcondError(
+            f"held-out-clients has no meaning for {method.name} (a client that never trains has no model of its "
+            f"own there); set held-out-clients=0 or use one of {', '.join(supported)} "
+            f"(compare: --methods {','.join(supported)})"
+        )
+    if load_data:
+        scenario_for(config)
+    return method

@@ -1,0 +1,86 @@
+"""The layers: the core knows nothing of Flower, and no module imports itself back round a circle."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("fedcond", "clients", "strategies")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+
+
+def core_modules() -> list[str]:
+    """Everything in fedcond/ except the tools on top."""
+    return sorted(
+        name for name in project_modules() if name.startswith("fedcond") and not name.startswith("fedcond.tools")
+    )
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The project modules ``path`` imports anywhere in the file (inside functions too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found |= {name for name in names if name in modules}
+    return found
+
+
+def test_the_core_imports_neither_flower_nor_the_flower_layer():
+    script = (
+        "import sys\n"
+        f"for name in {core_modules()!r}:\n"
+        "    __import__(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flwr', 'clients', 'strategies')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert "fedcond.training" in core_modules() and "fedcond.tools.cli" not in core_modules()
+    assert result.stdout.strip() == "[]"
+
+
+def test_no_import_circle_between_the_projects_modules():
+    modules = project_modules()
+    graph = {name: imports_of(path, set(modules)) - {name} for name, path in modules.items()}
+    # A package's __init__ is imported with its modules: an edge to it is no dependency of substance.
+    graph = {
+        name: {target for target in targets if modules[target].name != "__init__.py"} for name, targets in graph.items()
+    }
+    circles, state = [], dict.fromkeys(graph, 0)
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state[target] == 1:
+                circles.append([*trail[trail.index(target) :], target])
+            elif state[target] == 0:
+                visit(target, [*trail, target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if state[name] == 0:
+            visit(name, [name])
+    assert not circles, circles
+
+
+def test_the_layers_point_one_way():
+    modules = project_modules()
+    for name, path in modules.items():
+        imported = imports_of(path, set(modules))
+        if name.startswith(("clients", "strategies")):
+            assert not any(target.startswith("fedcond.tools") for target in imported), (name, imported)
+        if name.startswith("clients"):
+            allowed = name == "clients.app"  # the ClientApp finds the method's client in the registry
+            assert allowed or not any(target.startswith("strategies") for target in imported), (name, imported)
