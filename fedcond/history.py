@@ -5,18 +5,21 @@ One folder per run, written as the run goes: an interrupted run leaves every fin
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import os
 import platform
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
 
 HISTORY_COLUMNS = (
     "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up", "ari",
@@ -129,6 +132,7 @@ class RunRecorder:
     def __init__(self, folder: Path, config: RunConfig, details: dict[str, Any], num_clusters: int) -> None:
         self.folder = folder
         self.num_clusters = num_clusters
+        self.verbose = config.verbose
         self.records: list[RoundRecord] = []
         self._info: dict[str, Any] = {
             "config": portable_config(config, folder),
@@ -172,3 +176,46 @@ class RunRecorder:
 
     def _write_info(self) -> None:
         (self.folder / "run.json").write_text(json.dumps(self._info, indent=2, default=str) + "\n")
+
+
+def open_run(
+    config: RunConfig, scenario: Any, method: str, summary: str, conditioned: bool, extra: dict[str, Any] | None = None
+) -> RunRecorder:
+    """Create a run's folder and ``run.json`` (method, scenario, model size, conditioning) and, when
+    ``config.verbose``, print its header; what the ServerApp and the pooled protocol both do first.
+
+    ``scenario`` is a ``fedcond.scenarios.Scenario`` (not imported here: scenarios import history's
+    neighbours, and this module stays at the bottom of the core).
+    """
+    from fedcond.models import build_run_model, count_parameters
+    from fedcond.scenarios import format_summary
+
+    folder = results_folder(config)
+    details = {
+        "method": {"name": method, "summary": summary, "conditioned": conditioned},
+        **(extra or {}),
+        "scenario": scenario.summary(),
+        "model_parameters": count_parameters(build_run_model(config, scenario.num_classes, conditioned)),
+        "conditioning": (
+            {"fingerprint": config.fingerprint, "conditioning": config.conditioning} if conditioned else None
+        ),
+    }
+    recorder = RunRecorder(folder, config, details, scenario.num_clusters)
+    if config.verbose:
+        print(f"fedcond: {method} on {config.dataset} {config.scenario}", flush=True)
+        print(format_summary(details["scenario"]), flush=True)
+        print(f"fedcond: results folder {folder}", flush=True)
+    return recorder
+
+
+@contextlib.contextmanager
+def failures_recorded(recorder: RunRecorder) -> Iterator[RunRecorder]:
+    """Run the body; a ``FedcondError`` marks the run failed (with its one-line reason) and goes on up.
+    On success, with ``verbose``, say where the results are."""
+    try:
+        yield recorder
+    except FedcondError as error:
+        recorder.fail(str(error))
+        raise
+    if recorder.verbose:
+        print(f"fedcond: finished; history.csv and run.json written to {recorder.folder}", flush=True)

@@ -35,17 +35,29 @@ from fedcond import fingerprint as fp
 from fedcond.client_data import ClientData, client_fingerprint, load_client_data
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import RoundRecord, RunRecorder, results_folder
+from fedcond.history import RoundRecord, RunRecorder, failures_recorded, open_run
 from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
-from fedcond.models import ConditionalCNN, build_run_model, count_parameters
-from fedcond.scenarios import format_summary, scenario_for
+from fedcond.models import ConditionalCNN, build_run_model
+from fedcond.scenarios import scenario_for
 from fedcond.training import TrainSettings, evaluate, new_optimiser, pick_device, run_epochs
 
-#: What each pooled method trains: one model for everyone, or one per true cluster; conditioned or not.
+
+@dataclass(frozen=True)
+class PooledSpec:
+    """What a pooled method trains: one model for everyone (``all``) or one per true cluster."""
+
+    scope: str
+    conditioned: bool
+    summary: str
+
+
+#: The pooled reference family, the one table the method registry reads its pooled entries from.
 POOLED_METHODS = {
-    "pooled-conditional": ("all", True),
-    "pooled-oracle": ("cluster", False),
-    "pooled-global": ("all", False),
+    "pooled-conditional": PooledSpec(
+        "all", True, "the paper's protocol: one conditioned CNN on all clients' pooled data"
+    ),
+    "pooled-oracle": PooledSpec("cluster", False, "the paper's protocol: one CNN per true cluster on its pooled data"),
+    "pooled-global": PooledSpec("all", False, "the paper's protocol: one CNN on all clients' pooled data"),
 }
 
 
@@ -100,38 +112,12 @@ def run_pooled(config: RunConfig) -> RunRecorder:
     if config.method not in POOLED_METHODS:
         raise FedcondError(f"'{config.method}' is not a pooled method; choose one of {', '.join(POOLED_METHODS)}")
     config = config.resolved()
-    scope, conditioned = POOLED_METHODS[config.method]
+    spec = POOLED_METHODS[config.method]
     scenario = scenario_for(config)
-    folder = results_folder(config)
-    details = {
-        "method": {"name": config.method, "summary": _SUMMARIES[config.method], "conditioned": conditioned},
-        "protocol": "pooled",
-        "scenario": scenario.summary(),
-        "model_parameters": count_parameters(build_run_model(config, scenario.num_classes, conditioned)),
-        "conditioning": (
-            {"fingerprint": config.fingerprint, "conditioning": config.conditioning} if conditioned else None
-        ),
-    }
-    recorder = RunRecorder(folder, config, details, scenario.num_clusters)
-    if config.verbose:
-        print(f"fedcond: {config.method} (pooled, no federation) on {config.dataset} {config.scenario}", flush=True)
-        print(format_summary(details["scenario"]), flush=True)
-        print(f"fedcond: results folder {folder}", flush=True)
-    try:
-        _train_and_record(config, scenario.num_classes, scope, conditioned, recorder)
-    except FedcondError as error:
-        recorder.fail(str(error))
-        raise
-    if config.verbose:
-        print(f"fedcond: finished; history.csv and run.json written to {folder}", flush=True)
+    recorder = open_run(config, scenario, config.method, spec.summary, spec.conditioned, {"protocol": "pooled"})
+    with failures_recorded(recorder):
+        _train_and_record(config, scenario.num_classes, spec.scope, spec.conditioned, recorder)
     return recorder
-
-
-_SUMMARIES = {
-    "pooled-conditional": "the paper's protocol: one conditioned CNN on every client's pooled data",
-    "pooled-oracle": "the paper's protocol: one CNN per true cluster on that cluster's pooled data",
-    "pooled-global": "the paper's protocol: one CNN on every client's pooled data",
-}
 
 
 def _train_and_record(

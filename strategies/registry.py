@@ -20,6 +20,7 @@ from clients.local_client import LocalClient
 from clients.numpy_client import FedcondClient
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
+from fedcond.pooled import POOLED_METHODS
 from fedcond.scenarios import scenario_for, validate_without_data
 from strategies.base import FedcondStrategy
 from strategies.cluster_models import IfcaStrategy, OracleStrategy
@@ -65,13 +66,8 @@ def registry() -> dict[str, Method]:
         Method("ditto", "personal models pulled towards FedAvg's", DittoClient, FedcondFedAvg),
         Method("gossip", "random pairwise averaging of per-client models", FedcondClient, GossipStrategy),
         Method("dac", "averaging with the top-k cosine-similar peers", FedcondClient, DacStrategy),
-        # The paper's own protocol, centrally pooled (a reference, not a federated method).
-        Method("pooled-conditional", "the paper's protocol: one conditioned CNN on all clients' pooled data",
-               None, None, True, "pooled"),
-        Method("pooled-oracle", "the paper's protocol: one CNN per true cluster on its pooled data",
-               None, None, False, "pooled"),
-        Method("pooled-global", "the paper's protocol: one CNN on all clients' pooled data",
-               None, None, False, "pooled"),
+        # The paper's own protocol, centrally pooled (a reference, not a federated method): fedcond.pooled.
+        *(Method(name, spec.summary, None, None, spec.conditioned, "pooled") for name, spec in POOLED_METHODS.items()),
     )  # fmt: skip
     return {method.name: method for method in methods}
 

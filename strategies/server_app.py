@@ -11,9 +11,8 @@ from flwr.server.compat import start_grid
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
-from fedcond.history import RunRecorder, results_folder
-from fedcond.models import build_run_model, count_parameters
-from fedcond.scenarios import format_summary, scenario_for
+from fedcond.history import RunRecorder, failures_recorded, open_run
+from fedcond.scenarios import scenario_for
 from strategies.base import StrategyInputs
 from strategies.registry import check_run, federated, run_config
 
@@ -24,34 +23,15 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     _, strategy_class = federated(method)
     config = config.resolved()
     scenario = scenario_for(config)
-    model = build_run_model(config, scenario.num_classes, method.conditioned)
     if method.conditioned and config.fingerprint_encoder != "pixels":
         # Trained (once, then cached) here, before any client needs it to compute its fingerprint.
         if config.verbose:
             print(f"fedcond: fingerprint encoder trained on {config.fingerprint_encoder} (cached after the first run)")
         load_encoder(config.fingerprint_encoder, config.resolved_data_dir())
-    folder = results_folder(config)
-    details = {
-        "method": {"name": method.name, "summary": method.summary, "conditioned": method.conditioned},
-        "scenario": scenario.summary(),
-        "model_parameters": count_parameters(model),
-        "conditioning": (
-            {"fingerprint": config.fingerprint, "conditioning": config.conditioning} if method.conditioned else None
-        ),
-    }
-    recorder = RunRecorder(folder, config, details, scenario.num_clusters)
-    if config.verbose:
-        print(f"fedcond: {method.name} on {config.dataset} {config.scenario}", flush=True)
-        print(format_summary(details["scenario"]), flush=True)
-        print(f"fedcond: results folder {folder}", flush=True)
-    try:
+    recorder = open_run(config, scenario, method.name, method.summary, method.conditioned)
+    with failures_recorded(recorder):
         strategy = strategy_class(StrategyInputs(config, scenario.num_classes, method.conditioned, recorder))
         start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=config.num_server_rounds))
-    except FedcondError as error:
-        recorder.fail(str(error))
-        raise
-    if config.verbose:
-        print(f"fedcond: finished; history.csv and run.json written to {folder}", flush=True)
     return recorder
 
 
