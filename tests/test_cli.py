@@ -109,7 +109,7 @@ def test_missing_experiment_file_is_reported(capsys):
 
 def test_recommended_configuration_combines_with_any_experiment():
     """It must not pin a dataset or scenario (grids and --config runs add them), and must stay conditional."""
-    from fedcond.cli import read_override_file, read_overrides
+    from fedcond.tools.flwr_commands import read_override_file, read_overrides
 
     path = str(Path(__file__).resolve().parents[1] / "experiments" / "recommended.toml")
     recommended = read_override_file(path)
