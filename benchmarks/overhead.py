@@ -72,11 +72,24 @@ class Measured:
     returncode: int = 0
     peak_rss_bytes: int = 0
     peak_pss_bytes: int = 0
+    #: At the PSS peak: each process's short name and PSS, largest first (where the memory is).
+    peak_breakdown: list[tuple[str, int]] = field(default_factory=list)
     lines: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, text)
 
 
-def tree_memory(roots: list[psutil.Process]) -> tuple[int, int]:
-    """(RSS, PSS) of ``roots`` and all their descendants, summed. RSS counts a shared page (torch's
+def short_name(process: psutil.Process) -> str:
+    """``ray::ClientAppActor``, ``flower-superlink``, ``python -m fedcond.tools.cli``: enough to tell them apart."""
+    with contextlib.suppress(psutil.Error):
+        cmdline = process.cmdline()
+        if cmdline and cmdline[0].startswith("ray::"):
+            return cmdline[0]
+        words = [Path(cmdline[0]).name, *(word for word in cmdline[1:3] if not word.startswith("--"))]
+        return " ".join(words)[:60]
+    return "?"
+
+
+def tree_memory(roots: list[psutil.Process]) -> dict[int, tuple[int, int]]:
+    """pid -> (RSS, PSS) of ``roots`` and all their descendants. RSS counts a shared page (torch's
     libraries in every Ray worker) once per process; PSS splits it among them, so its sum is what
     the tree adds to the machine (Linux; elsewhere PSS falls back to RSS)."""
     seen: dict[int, tuple[int, int]] = {}
@@ -91,7 +104,7 @@ def tree_memory(roots: list[psutil.Process]) -> tuple[int, int]:
             with contextlib.suppress(psutil.Error):  # it may have exited since it was listed
                 info = process.memory_full_info()
                 seen[process.pid] = (info.rss, getattr(info, "pss", info.rss))
-    return sum(rss for rss, _ in seen.values()), sum(pss for _, pss in seen.values())
+    return seen
 
 
 def detached_roots(marker: str) -> list[psutil.Process]:
@@ -118,9 +131,14 @@ def measure(command: list[str], env: dict[str, str], cwd: Path, marker: str = ""
         while not done.is_set():
             if marker and not extra:
                 extra = detached_roots(marker)
-            rss, pss = tree_memory([root, *extra])
-            result.peak_rss_bytes = max(result.peak_rss_bytes, rss)
-            result.peak_pss_bytes = max(result.peak_pss_bytes, pss)
+            members = tree_memory([root, *extra])
+            result.peak_rss_bytes = max(result.peak_rss_bytes, sum(rss for rss, _ in members.values()))
+            pss = sum(pss for _, pss in members.values())
+            if pss > result.peak_pss_bytes:
+                result.peak_pss_bytes = pss
+                named = [(short_name(psutil.Process(pid)) if psutil.pid_exists(pid) else "?", p)
+                         for pid, (_, p) in members.items()]  # fmt: skip
+                result.peak_breakdown = sorted(named, key=lambda item: -item[1])
             done.wait(SAMPLE_SECONDS)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -151,6 +169,7 @@ class PartResult:
     final_accuracy: float | None = None
     returncode: int = 0
     note: str = ""
+    peak_breakdown: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def steady_round(self) -> float:
@@ -183,7 +202,7 @@ def part_result(
     note = "" if complete else "rounds missing; last lines: " + " | ".join(line for _, line in measured.lines[-5:])
     memory = (measured.peak_rss_bytes, measured.peak_pss_bytes)
     return PartResult(part, workload, clients, len(round_seconds), measured.seconds, round_seconds, startup, shutdown,
-                      *memory, accuracy, measured.returncode, note)  # fmt: skip
+                      *memory, accuracy, measured.returncode, note, measured.peak_breakdown)  # fmt: skip
 
 
 # -- (a) the bare loop ----------------------------------------------------------------------------------
@@ -512,10 +531,12 @@ def plot(results: list[PartResult], path: Path) -> None:
 def write_results(results: list[PartResult], out: Path) -> None:
     rows = [{**asdict(r), "steady_round": r.steady_round} for r in results]
     (out / "overhead.json").write_text(json.dumps(rows, indent=2))
-    with (out / "overhead.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+    with (out / "overhead.csv").open("w", newline="") as handle:  # one flat row per part; the breakdown: JSON
+        writer = csv.DictWriter(handle, fieldnames=[key for key in rows[0] if key != "peak_breakdown"])
         writer.writeheader()
-        writer.writerows({**row, "round_seconds": " ".join(f"{s:.3f}" for s in row["round_seconds"])} for row in rows)
+        for row in rows:
+            row.pop("peak_breakdown")
+            writer.writerow({**row, "round_seconds": " ".join(f"{s:.3f}" for s in row["round_seconds"])})
     plot(results, out / "overhead.png")
 
 
@@ -547,6 +568,8 @@ def benchmark(arguments: argparse.Namespace) -> int:
             if result.returncode or result.note:
                 print(f"   {part} exited {result.returncode} {result.note}", flush=True)
             workload_results.append(result)
+            top = ", ".join(f"{process} {pss / 2**20:.0f}" for process, pss in result.peak_breakdown[:8])
+            print(f"   {part}: peak PSS by process (MiB): {top}", flush=True)
         print(table(workload_results), flush=True)
         results += workload_results
         write_results(results, out)
