@@ -17,7 +17,7 @@ from pathlib import Path
 from flwr.client import Client, ClientApp
 from flwr.common import Context
 
-from fedcond.client_data import ClientData, load_client_data, load_partition_file
+from fedcond.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from strategies.registry import federated, get_method, run_config
@@ -45,7 +45,7 @@ def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientD
     partition_file = context.node_config.get("partition-file")
     if partition_file:
         return load_partition_file(Path(str(partition_file)).expanduser(), config, partition_id)
-    return load_client_data(config, partition_id)
+    return cached_client_data(config, partition_id)
 
 
 def make_client_app(config: RunConfig | None = None) -> ClientApp:

@@ -10,6 +10,7 @@ each instruction (the round number, the federation's fingerprint statistics, ...
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import numpy as np
@@ -18,7 +19,7 @@ from flwr.common import ArrayRecord, ConfigRecord, Context
 
 from fedcond import fingerprint as fp
 from fedcond import secure_sum
-from fedcond.client_data import ClientData, client_fingerprint
+from fedcond.client_data import ClientData, client_fingerprint, reuse_enabled
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import (
@@ -52,6 +53,14 @@ Fitted = tuple[list[np.ndarray], int, dict[str, object]]
 Evaluated = tuple[float, int, dict[str, object]]
 
 
+@functools.lru_cache(maxsize=2)
+def _reusable_model(run_config: RunConfig, num_classes: int, conditioned: bool) -> ConditionalCNN:
+    # One model per process and run, shared by every client the process serves: each message sets
+    # all of its state (parameters and buffers) before using it, so nothing carries over between
+    # clients, and a Ray actor handles one message at a time. Saves building the CNN per message.
+    return build_run_model(run_config, num_classes, conditioned)
+
+
 class FedcondClient(NumPyClient):
     """A client of ``fedavg`` (plain backbone) or ``conditional`` (backbone fed the fingerprint).
 
@@ -68,7 +77,7 @@ class FedcondClient(NumPyClient):
         self.data = data
         self.state = context.state
         self.conditioned = conditioned
-        self.model = self.fresh_model()
+        self.model = self.working_model()
         self.train_settings = TrainSettings(
             epochs=run_config.local_epochs,
             batch_size=run_config.batch_size,
@@ -79,6 +88,16 @@ class FedcondClient(NumPyClient):
     def fresh_model(self) -> ConditionalCNN:
         """The seeded initial model: identical on every client and on the server."""
         return build_run_model(self.run_config, self.data.num_classes, self.conditioned)
+
+    def working_model(self) -> ConditionalCNN:
+        """The model the received weights are loaded into: reused between messages within a process.
+
+        Only for weights set from a message (``set_weights`` overwrites every parameter and buffer);
+        a model that must start from the seeded initial weights is ``fresh_model``.
+        """
+        if not reuse_enabled():
+            return self.fresh_model()
+        return _reusable_model(self.run_config, self.data.num_classes, self.conditioned)
 
     def stored_model(self, key: str) -> ConditionalCNN | None:
         """A model this client keeps between rounds in ``context.state`` (None before the first save)."""

@@ -5,7 +5,7 @@ A model here is ``list[np.ndarray]`` (its ``state_dict`` in order), as it travel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -14,19 +14,23 @@ from fedcond.errors import FedcondError
 Model = list[np.ndarray]
 
 
-def weighted_average(models: Sequence[Model], weights: Sequence[float]) -> Model:
+def weighted_average(models: Iterable[Model], weights: Sequence[float]) -> Model:
     """Layer-wise average of ``models`` weighted by ``weights`` (sample counts for FedAvg).
 
     The one averaging rule of every method. It computes as Flower's ``FedAvg`` does (each model
     scaled by its share of the total weight in its own dtype, then summed in order), so FedAvg's
-    numbers are the same whether Flower or fedcond averages.
+    numbers are the same whether Flower or fedcond averages. ``models`` may be a generator that
+    decodes one model at a time: a round of 1,000 clients then never holds 1,000 decoded models.
     """
     total = float(sum(weights))
-    if not models or total <= 0:
+    if not weights or total <= 0:
         raise FedcondError("nothing to average: no client returned a model with samples")
     shares = np.asarray([weight / total for weight in weights])
-    result = [_scaled(np.array(layer, copy=True), shares[0]) for layer in models[0]]
-    for model, share in zip(models[1:], shares[1:], strict=True):
+    result: Model = []
+    for index, (model, share) in enumerate(zip(models, shares, strict=True)):
+        if index == 0:
+            result = [_scaled(np.array(layer, copy=True), share) for layer in model]
+            continue
         for layer, update in zip(result, model, strict=True):
             np.add(layer, _scaled(np.array(update, copy=True), share), out=layer)
     return result

@@ -9,7 +9,9 @@ client on its own machine uses, so that machine never holds another client's sam
 from __future__ import annotations
 
 import json
+import os
 import zipfile
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +34,10 @@ class ClientData:
     train_y: np.ndarray
     test_x: np.ndarray
     test_y: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return sum(array.nbytes for array in (self.train_x, self.train_y, self.test_x, self.test_y))
 
 
 def rotate_images(images: np.ndarray, degrees: float) -> np.ndarray:
@@ -76,6 +82,55 @@ def load_client_data(config: RunConfig, partition_id: int) -> ClientData:
         (dataset.train_y, dataset.test_y),
         scenario.num_classes,
     )
+
+
+#: Bytes of client arrays one process keeps between messages (a Ray actor serves many clients in
+#: turn): bounded so that an actor's memory does not grow with the number of clients.
+PARTITION_CACHE_BYTES = 128 * 2**20
+
+
+def reuse_enabled() -> bool:
+    """Whether a process reuses partitions and models between messages (``FEDCOND_REUSE=0``: not,
+    for measuring what reuse saves; the numbers are the same either way)."""
+    return os.environ.get("FEDCOND_REUSE", "1") != "0"
+
+
+class _PartitionCache:
+    """Least recently used ``ClientData`` by (split settings, data folder, partition id), at most ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[tuple[object, ...], ClientData] = OrderedDict()
+        self.bytes = 0
+
+    def get(self, config: RunConfig, partition_id: int) -> ClientData:
+        key = (*split_settings(config).values(), str(config.resolved_data_dir()), partition_id)
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        data = load_client_data(config, partition_id)
+        if data.nbytes <= self.max_bytes:
+            self.entries[key] = data
+            self.bytes += data.nbytes
+            while self.bytes > self.max_bytes:
+                _, evicted = self.entries.popitem(last=False)
+                self.bytes -= evicted.nbytes
+        return data
+
+
+_PARTITIONS = _PartitionCache(PARTITION_CACHE_BYTES)
+
+
+def cached_client_data(config: RunConfig, partition_id: int) -> ClientData:
+    """``load_client_data``, kept for the next message to this client in this process.
+
+    The scenario (every client's indices) is built once per process already; this also keeps the
+    sliced, label-mapped and rotated arrays (a non-right-angle rotation costs tens of ms per
+    message). Callers must not modify the arrays: the next message gets the same ones.
+    """
+    if not reuse_enabled():
+        return load_client_data(config, partition_id)
+    return _PARTITIONS.get(config, partition_id)
 
 
 def partition_file_name(partition_id: int) -> str:

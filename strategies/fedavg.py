@@ -25,5 +25,6 @@ class FedcondFedAvg(FedcondStrategy):
         return ndarrays_to_parameters(initial_weights(self.inputs))
 
     def combine(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> Parameters | None:
-        models = [parameters_to_ndarrays(res.parameters) for _, res in results]
+        # Decoded one at a time as the average consumes them (peak memory: one model, not one per client).
+        models = (parameters_to_ndarrays(res.parameters) for _, res in results)
         return ndarrays_to_parameters(weighted_average(models, [res.num_examples for _, res in results]))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.scenarios import forget_loaded_data
 from fedcond.tools import deploy
 from fedcond.tools.experiment import (
     Experiment,
@@ -73,6 +74,9 @@ def run(
         run_pooled(run_config({**default_config(), **overrides}))
         print(closing_summary(run_folder(overrides)), flush=True)
         return 0
+    # The check above decoded the dataset; `flwr run` and its actors load their own, and this process
+    # only waits for them: its copy would sit in memory for the whole run.
+    forget_loaded_data()
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     federation = (
         f"num-supernodes={config.num_clients} client-resources-num-cpus={cpus_per_client} "

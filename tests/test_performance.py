@@ -1,0 +1,140 @@
+"""What a process reuses between messages (partitions, the working model) changes no number."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.compat.common import recorddict_compat as compat
+from flwr.supercore.task_identity import TaskIdentity
+
+from clients.app import make_client_app
+from fedcond import aggregation as agg
+from fedcond import client_data
+from fedcond.config import RunConfig
+from fedcond.models import build_run_model, get_weights
+from strategies.registry import run_config
+
+
+def federated_rounds(method: str, order: list[int], rounds: int = 2) -> list[tuple]:
+    """Drive the ClientApp as a Ray actor does (every message through ``client_fn``), in one process,
+    visiting clients in ``order``; FedAvg between rounds. Returns every reply, in partition order."""
+    config = run_config({
+        "method": method, "num-clusters": 2, "clients-per-cluster": 2, "local-epochs": 1, "data-fraction": 0.3,
+        "ditto-personal-epochs": 1,
+    })  # fmt: skip
+    app = make_client_app(config)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    contexts = [Context(1, 10 + i, {"partition-id": i, "num-partitions": 4}, RecordDict(), {}) for i in range(4)]
+    weights = get_weights(build_run_model(config.resolved(), 10, False))
+    replies = []
+    for server_round in range(1, rounds + 1):
+        parameters, round_config = ndarrays_to_parameters(weights), {"server-round": server_round}
+        fits = {}
+        for i in order:
+            content = compat.fitins_to_recorddict(FitIns(parameters, round_config), keep_input=True)
+            reply = app(Message(content, dst_node_id=10 + i, message_type=MessageType.TRAIN), contexts[i])
+            fits[i] = compat.recorddict_to_fitres(reply.content, keep_input=False)
+        evaluations = {}
+        for i in order:
+            content = compat.evaluateins_to_recorddict(EvaluateIns(parameters, round_config), keep_input=True)
+            reply = app(Message(content, dst_node_id=10 + i, message_type=MessageType.EVALUATE), contexts[i])
+            evaluations[i] = compat.recorddict_to_evaluateres(reply.content)
+        for i in range(4):
+            replies.append((parameters_to_ndarrays(fits[i].parameters), fits[i].metrics, evaluations[i].loss))
+        if method != "local":
+            weights = agg.weighted_average(
+                [replies[-4 + i][0] for i in range(4)], [fits[i].num_examples for i in range(4)]
+            )
+    return replies
+
+
+@pytest.fixture
+def one_thread():
+    # Tiny batches: OpenMP threads only wait on each other (and on anything else the machine runs).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ditto", "local"])
+def test_reusing_models_and_partitions_changes_no_number(method, monkeypatch, one_thread):
+    monkeypatch.setenv("FEDCOND_REUSE", "0")
+    fresh = federated_rounds(method, [0, 1, 2, 3])
+    monkeypatch.setenv("FEDCOND_REUSE", "1")
+    # Another order: the reused model last held another client's weights, as on a shared Ray actor.
+    reused = federated_rounds(method, [3, 1, 0, 2])
+    assert len(fresh) == len(reused) == 8
+    for (weights_a, metrics_a, loss_a), (weights_b, metrics_b, loss_b) in zip(fresh, reused, strict=True):
+        assert metrics_a == metrics_b and loss_a == loss_b
+        assert len(weights_a) == len(weights_b)
+        assert all(np.array_equal(a, b) for a, b in zip(weights_a, weights_b, strict=True))
+
+
+def test_partition_cache_is_bounded_and_returns_the_computed_partition():
+    config = RunConfig(num_clusters=2, clients_per_cluster=3)
+    one = client_data.load_client_data(config, 0).nbytes
+    cache = client_data._PartitionCache(max_bytes=int(2.5 * one))  # room for two digits partitions
+    for partition_id in range(6):
+        cached = cache.get(config, partition_id)
+        computed = client_data.load_client_data(config, partition_id)
+        assert np.array_equal(cached.train_x, computed.train_x) and np.array_equal(cached.test_y, computed.test_y)
+        assert cache.bytes <= cache.max_bytes and len(cache.entries) <= 2
+    assert cache.get(config, 5) is cache.get(config, 5)  # the most recent one is kept
+
+
+def test_averaging_a_stream_of_models_equals_averaging_a_list():
+    rng = np.random.default_rng(5)
+    models = [[rng.standard_normal((3, 2)).astype(np.float32), np.array(4, dtype=np.int64)] for _ in range(4)]
+    counts = [10, 3, 7, 1]
+    listed = agg.weighted_average(models, counts)
+    streamed = agg.weighted_average((list(m) for m in models), counts)
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(listed, streamed, strict=True))
+
+
+def benchmark_module():
+    """benchmarks/overhead.py, which is a script rather than part of the package."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "overhead.py"
+    spec = importlib.util.spec_from_file_location("overhead_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bare_loop_averages_and_shuffles_as_the_framework_does():
+    from clients.numpy_client import FedcondClient
+
+    bench = benchmark_module()
+    rng = np.random.default_rng(7)
+    models = [[rng.standard_normal((5, 3)).astype(np.float32), np.array(9, dtype=np.int64)] for _ in range(5)]
+    counts = [60, 54, 61, 7, 600]
+    ours = bench.fedavg(iter(models), counts)
+    for a, b in zip(ours, agg.weighted_average(models, counts), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    client = FedcondClient.__new__(FedcondClient)  # only round_seed's inputs are needed
+    client.run_config = RunConfig(seed=3)
+    client.data = client_data.ClientData(11, 0, 10, *(np.zeros(1),) * 4)
+    assert bench.round_seed(3, 4, 11) == client.round_seed({"server-round": 4})
+
+
+def test_the_benchmark_table_reports_ratios_and_per_message_overhead():
+    bench = benchmark_module()
+
+    def result(part, whole, rounds, rss):
+        return bench.PartResult(part, "quick", 4, len(rounds), whole, rounds, 1.0, 0.5, rss, rss, 0.9)
+
+    table = bench.table([
+        result("bare", 10.0, [3.0, 2.0, 2.0], 2**30),
+        result("flwr-run", 20.0, [5.0, 2.8, 2.8], 2 * 2**30),
+        result("floor", 8.0, [1.0, 0.4, 0.4], 2**29),
+    ])  # fmt: skip
+    assert "whole command (s)" in table and "2.00" in table  # 20 s / 10 s
+    assert "flwr-run overhead per message over the bare loop: 100.0 ms" in table  # (2.8 - 2.0) / 8 messages
+    assert "Flower's floor per message: 50.0 ms" in table
+    assert bench.split_outside(20.0, [5.0, 2.8], first_end=9.0, last_end=11.8) == (4.0, 8.2)
