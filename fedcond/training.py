@@ -137,7 +137,9 @@ def run_epochs(
     return epoch_loss
 
 
-@torch.inference_mode()  # like no_grad, and also skips autograd's version counting: same numbers
+# no_grad, not inference_mode: a model moved to CUDA inside inference_mode gets inference tensors as
+# parameters, and a model reused across messages (clients/numpy_client.py) could then never train again.
+@torch.no_grad()
 def evaluate(model: nn.Module, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None) -> EvalResult:
     """Mean cross-entropy and accuracy on ``images``; never changes the model."""
     device = pick_device()
