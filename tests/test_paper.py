@@ -191,6 +191,19 @@ def test_reproduction_writes_the_notes_verbatim_then_the_tables(tmp_path, capsys
     assert "Revised." in out.read_text()
 
 
+def test_reproduction_shows_held_out_clients_when_measured(tmp_path, capsys):
+    """The describe-or-memorise question: held-out accuracy sits beside the training clients'."""
+    rows = [{**row, "heldout_accuracy": "0.12" if row["method"] == "conditional" else "0.5"} for row in metrics_rows()]
+    folder = results_folder(tmp_path / "results" / "e3b", rows)
+    notes = tmp_path / "reproduction-notes.md"
+    notes.write_text("# Notes\n")
+    out = tmp_path / "REPRODUCTION.md"
+    assert main(["reproduction", str(folder), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| method | ours | paper | Δ | held-out clients | seeds | time per run |" in text
+    assert "| conditional | 0.910 ± 0.127 | 1.000 | -9.0 | 0.120 | 2 | 2 min |" in text
+
+
 def test_reproduction_errors_name_the_fix(tmp_path, capsys):
     folder = results_folder(tmp_path / "e1", metrics_rows())
     out = tmp_path / "REPRODUCTION.md"

@@ -531,13 +531,20 @@ def with_variants(rows: Sequence[Row], settings: Mapping[str, object]) -> list[R
 
 
 def comparison_table(summaries: Sequence[MethodSummary], matches: Mapping[str, PaperMatch]) -> str:
-    """Markdown: method | ours (mean ± 95% CI) | paper | Δ | seeds | time per run."""
-    lines = ["| method | ours | paper | Δ | seeds | time per run |", "|---|---|---|---|---|---|"]
+    """Markdown: method | ours (mean ± 95% CI) | paper | Δ | [held-out clients] | seeds | time per run.
+
+    The held-out column (clients that never trained, evaluated with the model a newcomer gets)
+    appears when some run measured it: it tells a fingerprint that describes a distribution from
+    one that identifies the training clients."""
+    with_heldout = any(math.isfinite(s.final_heldout) for s in summaries)
+    header = ["method", "ours", "paper", "Δ", *(["held-out clients"] * with_heldout), "seeds", "time per run"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
         cells = [
             s.method,
             format_accuracy(s.final_mean, s.final_half_width),
             *_paper_cells(s.final_mean, matches.get(s.method)),
+            *([format_accuracy(s.final_heldout)] * with_heldout),
         ]
         cells += [str(s.seeds), format_duration(s.wall_seconds) if math.isfinite(s.wall_seconds) else "n/a"]
         lines.append("| " + " | ".join(cells) + " |")
