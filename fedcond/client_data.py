@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcond.config import RunConfig
-from fedcond.datasets import load_dataset
+from fedcond.datasets import dataset_spec, load_dataset
 from fedcond.errors import FedcondError
 from fedcond.scenarios import SPLIT_KEYS, ClientPartition, scenario_for, split_settings
 
@@ -189,6 +189,7 @@ def load_partition_file(path: Path, config: RunConfig, partition_id: int) -> Cli
                  if stored_settings.get(key) != wanted[key]]  # fmt: skip
     if differing:
         raise FedcondError(f"{path} was exported for another split ({'; '.join(differing)}); {fix}")
+    check_partition_arrays(arrays, config, f"{path}", fix)
     return ClientData(
         partition_id=stored_id,
         cluster=int(arrays["cluster"]),
@@ -198,6 +199,40 @@ def load_partition_file(path: Path, config: RunConfig, partition_id: int) -> Cli
         test_x=arrays["test_x"],
         test_y=arrays["test_y"],
     )
+
+
+def check_partition_arrays(arrays: dict[str, np.ndarray], config: RunConfig, where: str, fix: str) -> None:
+    """Refuse a partition file whose arrays could not have come from ``export_partitions``.
+
+    The file comes from another machine: labels out of range would index past the model's outputs
+    (or silently train on nothing), and NaN, infinite or out-of-[0, 1] pixels would poison the
+    fingerprint and the global model. Every image the split produces is in [0, 1] (rotations clip).
+    """
+    spec = dataset_spec(config.dataset)
+    num_classes = int(arrays["num_classes"])
+    # No scenario has more classes than its dataset (superclasses, groupings and domains have fewer or as many).
+    if not 1 <= num_classes <= spec.num_classes:
+        raise FedcondError(f"{where} claims {num_classes} classes, {config.dataset} has {spec.num_classes}; {fix}")
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_x"], arrays[f"{split}_y"]
+        if images.ndim != 4 or images.shape[1:] != spec.image_shape or labels.shape != images.shape[:1]:
+            raise FedcondError(
+                f"{where}: {split} arrays have shapes {images.shape} and {labels.shape}, expected (n, "
+                f"{', '.join(map(str, spec.image_shape))}) images and n labels; {fix}"
+            )
+        if not np.issubdtype(labels.dtype, np.integer) or not np.issubdtype(images.dtype, np.floating):
+            raise FedcondError(f"{where}: {split} labels must be integers and images floats; {fix}")
+        if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+            raise FedcondError(
+                f"{where}: {split} labels run from {labels.min()} to {labels.max()}, "
+                f"outside 0..{num_classes - 1}; {fix}"
+            )
+        if not np.isfinite(images).all():
+            raise FedcondError(f"{where}: {split} images hold NaN or infinite pixels; {fix}")
+        if images.size and (images.min() < 0 or images.max() > 1):
+            raise FedcondError(
+                f"{where}: {split} pixels run from {images.min():g} to {images.max():g}, outside [0, 1]; {fix}"
+            )
 
 
 def client_fingerprint(config: RunConfig, data: ClientData) -> np.ndarray:

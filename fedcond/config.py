@@ -8,6 +8,7 @@ raw values become typed settings, so ServerApp, ClientApp and CLI all agree on t
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -19,6 +20,13 @@ from fedcond.fingerprint import check_fingerprint
 
 NORMALISATIONS = ("none", "log", "federated")
 CONDITIONINGS = ("concat", "film", "hyper")
+# numpy's and torch's generators both take any seed in [0, 2**32); IFCA's per-cluster model seeds
+# (seed * 1000 + k) stay far inside torch's 64-bit range, and a negative seed is a numpy traceback.
+MAX_SEED = 2**32 - 1
+# The fingerprint is the conditioned model's input and each client's secure-sum message (2 x dim + 1
+# values), and spectral fingerprints have at most as many values as the features have dimensions
+# (794 for MNIST's pixels + labels): beyond 1024 a run only pays memory and time for zero padding.
+MAX_FINGERPRINT_DIM = 1024
 
 
 @dataclass(frozen=True)
@@ -116,8 +124,12 @@ class RunConfig:
             raise FedcondError(f"held-out-clients must be 0 or more per cluster (got {self.held_out_clients})")
         if not 0 < self.data_fraction <= 1:
             raise FedcondError(f"data-fraction must be in (0, 1] (got {self.data_fraction})")
-        if not self.learning_rate > 0:
-            raise FedcondError(f"learning-rate must be positive (got {self.learning_rate})")
+        if self.fingerprint_dim > MAX_FINGERPRINT_DIM:
+            raise FedcondError(f"fingerprint-dim must be at most {MAX_FINGERPRINT_DIM} (got {self.fingerprint_dim})")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise FedcondError(f"seed must be an integer in 0..{MAX_SEED} (got {self.seed})")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise FedcondError(f"learning-rate must be positive and finite (got {self.learning_rate})")
         if not 0 <= self.momentum < 1:
             raise FedcondError(f"momentum must be in [0, 1) (got {self.momentum})")
         if self.normalisation not in NORMALISATIONS:
@@ -127,6 +139,7 @@ class RunConfig:
         if self.conditioning not in CONDITIONINGS:
             raise FedcondError(f"unknown conditioning '{self.conditioning}'; choose one of {', '.join(CONDITIONINGS)}")
         check_fingerprint(self.fingerprint, self.normalisation)
+        check_run_name(self.run_name)
 
     def resolved(self) -> RunConfig:
         """A copy with "dataset default" (0) settings replaced by the dataset's values."""
@@ -169,6 +182,8 @@ class Option:
 
     def coerce(self, raw: Any) -> Any:
         value = _coerce(self.key, raw, type(self.default))
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FedcondError(f"{self.key} must be a finite number (got {value})")
         if self.minimum is not None and value < self.minimum:
             raise FedcondError(f"{self.key} must be at least {self.minimum:g} (got {value})")
         return value
@@ -176,6 +191,17 @@ class Option:
     def of(self, config: RunConfig) -> Any:
         """This option's value in ``config`` (its default when the config was built without it)."""
         return dict(config.options).get(self.key, self.default)
+
+
+def check_run_name(name: str) -> None:
+    """A run's folder is ``results-dir/run-name``: a name that is a path could put it anywhere."""
+    separators = {"/", "\\", os.sep, *([os.altsep] if os.altsep else [])}
+    # With no separator, ".." (or ".") can only be the whole name: the folder above (or results-dir itself).
+    if any(separator in name for separator in separators) or name in (".", ".."):
+        raise FedcondError(
+            f"run-name '{name}' must be a plain folder name (no path separators, no '..'); "
+            "choose where runs go with results-dir"
+        )
 
 
 def _field_type(field: dataclasses.Field[Any]) -> type:

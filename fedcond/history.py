@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -208,14 +209,42 @@ def open_run(
     return recorder
 
 
+#: Where a run that failed with an unexpected exception (not a ``FedcondError``) keeps its traceback.
+TRACEBACK_FILE = "traceback.txt"
+
+
+def error_line(error: BaseException) -> str:
+    """The one line ``run.json`` and the terminal show for ``error``: a ``FedcondError``'s message
+    (it names the fix), else the exception's type and message, never a traceback."""
+    text = str(error) if isinstance(error, FedcondError) else f"{type(error).__name__}: {error}"
+    return " ".join(text.split()) or type(error).__name__
+
+
+def mark_failed(folder: Path, reason: str) -> None:
+    """Record ``reason`` as the failure of the run in ``folder`` when nothing else did: its run.json
+    says ``running`` (it stopped without saying why) or is missing (it stopped before writing one)."""
+    try:
+        info = json.loads((folder / "run.json").read_text())
+    except (OSError, ValueError):
+        info = {}
+    if info.get("status") in ("finished", "failed"):
+        return
+    info.update(status="failed", error=reason)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+
+
 @contextlib.contextmanager
 def failures_recorded(recorder: RunRecorder) -> Iterator[RunRecorder]:
-    """Run the body; a ``FedcondError`` marks the run failed (with its one-line reason) and goes on up.
-    On success, with ``verbose``, say where the results are."""
+    """Run the body; any exception marks the run failed with a one-line reason (``error_line``) and
+    goes on up, so ``run.json`` never stays ``running``. An unexpected exception's traceback goes to
+    ``traceback.txt`` beside it. On success, with ``verbose``, say where the results are."""
     try:
         yield recorder
-    except FedcondError as error:
-        recorder.fail(str(error))
+    except Exception as error:
+        if not isinstance(error, FedcondError):
+            (recorder.folder / TRACEBACK_FILE).write_text("".join(traceback.format_exception(error)))
+        recorder.fail(error_line(error))
         raise
     if recorder.verbose:
         print(f"fedcond: finished; history.csv and run.json written to {recorder.folder}", flush=True)

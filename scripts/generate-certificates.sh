@@ -8,7 +8,8 @@
 # server certificate names HOST_OR_IP in its subjectAltName (IP:... for an address, DNS:... for a
 # name), which is what SuperNodes check: use the address they dial in --superlink. 127.0.0.1 and
 # localhost are always added so the SuperLink's own ServerApp can reach it on loopback.
-# For trials and small studies; follow your organisation's PKI for anything long-lived.
+# Refuses to run where OUTDIR/ca.key exists already. For trials and small studies; follow your
+# organisation's PKI for anything long-lived.
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 || -z "${1:-}" ]]; then
@@ -29,6 +30,12 @@ for extra in "IP:127.0.0.1" "DNS:localhost"; do
     [[ "$san" == "$extra" ]] || san="${san},${extra}"
 done
 
+# A new CA key would orphan every certificate the old one signed (SuperNodes trusting the old ca.crt
+# could no longer reach the SuperLink): never replace one silently.
+if [[ -e "$outdir/ca.key" ]]; then
+    echo "fedcond: error: $outdir/ca.key exists; keep it, or move $outdir away (or choose another OUTDIR) to make a new CA" >&2
+    exit 1
+fi
 mkdir -p "$outdir"
 umask 077  # private keys readable by their owner only
 days=365

@@ -10,8 +10,7 @@ from flwr.server.compat import start_grid
 
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
-from fedcond.errors import FedcondError
-from fedcond.history import RunRecorder, failures_recorded, open_run
+from fedcond.history import RunRecorder, error_line, failures_recorded, open_run
 from fedcond.scenarios import scenario_for
 from strategies.base import StrategyInputs
 from strategies.registry import check_run, federated, run_config
@@ -43,8 +42,11 @@ def make_server_app(config: RunConfig | None = None) -> ServerApp:
     def main(grid: Grid, context: Context) -> None:
         try:
             run_server(grid, config or run_config(context.run_config))
-        except FedcondError as error:
-            print(f"fedcond: error: {error}", file=sys.stderr, flush=True)
+        except Exception as error:
+            # Any failure (a FedcondError, or an unexpected one such as a client's error at the
+            # secure-sum step) ends here as one line: run.json already says failed (failures_recorded),
+            # and SystemExit ends an in-process simulation quietly, so compare and sweep go on.
+            print(f"fedcond: error: {error_line(error)}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
 
     return app

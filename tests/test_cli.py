@@ -27,6 +27,12 @@ from tests.test_datasets import write_fake_mnist
         (["clients-per-cluster=500"], "lower clients-per-cluster"),
         (["method=local", "held-out-clients=1"], "held-out-clients has no meaning for local"),
         (["fingerprint=class-mean", "normalisation=log"], "use normalisation=federated or none"),
+        (["seed=-1"], "seed must be an integer in 0..4294967295 (got -1)"),
+        (["learning-rate=inf"], "learning-rate must be positive and finite (got inf)"),
+        (["learning-rate=nan"], "learning-rate must be positive and finite (got nan)"),
+        (["momentum=1"], "momentum must be in [0, 1) (got 1.0)"),
+        (["fingerprint-dim=100000"], "fingerprint-dim must be at most 1024"),
+        (["run-name=../../x"], "run-name '../../x' must be a plain folder name"),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_code_2(capsys, settings, message):

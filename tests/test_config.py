@@ -47,12 +47,40 @@ def test_dataset_defaults_are_resolved():
         ({"conditioning": "gate"}, "unknown conditioning 'gate'; choose one of concat, film, hyper"),
         ({"held-out-clients": -1}, "held-out-clients must be 0 or more"),
         ({"fingerprint": "class-mean", "normalisation": "log"}, "use normalisation=federated or none"),
+        # Issue 14: values that used to start a run (or end in a traceback inside it).
+        ({"seed": -1}, r"seed must be an integer in 0\.\.4294967295 \(got -1\)"),
+        ({"seed": 2**32}, "seed must be an integer in 0"),
+        ({"learning-rate": float("inf")}, r"learning-rate must be positive and finite \(got inf\)"),
+        ({"learning-rate": float("nan")}, "learning-rate must be positive and finite"),
+        ({"learning-rate": 0}, "learning-rate must be positive and finite"),
+        ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
+        ({"momentum": -0.1}, r"momentum must be in \[0, 1\)"),
+        ({"momentum": float("nan")}, r"momentum must be in \[0, 1\)"),
+        ({"fingerprint-dim": 100000}, r"fingerprint-dim must be at most 1024 \(got 100000\)"),
+        ({"fingerprint-dim": 0}, "fingerprint-dim must be at least 1"),
+        ({"run-name": "../../x"}, "run-name '../../x' must be a plain folder name .*where runs go with results-dir"),
+        ({"run-name": "a/b"}, "run-name 'a/b' must be a plain folder name"),
+        ({"run-name": "a\\b"}, "must be a plain folder name"),
+        ({"run-name": ".."}, "must be a plain folder name"),
+        ({"run-name": "/tmp/x"}, "must be a plain folder name"),
     ],
 )
 def test_bad_settings_give_one_line_errors(mapping, message):
     with pytest.raises(FedcondError, match=message) as error:
         RunConfig.from_mapping(mapping)
     assert "\n" not in str(error.value)
+
+
+def test_limits_leave_the_values_at_their_edges_alone():
+    # The bounds refuse only what is out of range: the edges themselves still make a config.
+    config = RunConfig.from_mapping({"seed": 2**32 - 1, "fingerprint-dim": 1024, "momentum": 0.0, "run-name": "a.b-1"})
+    assert (config.seed, config.fingerprint_dim, config.run_name) == (2**32 - 1, 1024, "a.b-1")
+
+
+def test_method_options_refuse_non_finite_numbers():
+    for value in (float("inf"), float("nan")):
+        with pytest.raises(FedcondError, match="ditto-lambda must be a finite number"):
+            run_config({"ditto-lambda": value})
 
 
 def test_unknown_method_dataset_and_scenario():

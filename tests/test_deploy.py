@@ -19,9 +19,10 @@ from fedcond.client_data import export_partitions, load_client_data, load_partit
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import eigen_fingerprint
-from fedcond.tools.certificates import generate_certificates
+from fedcond.tools.certificates import CERTIFICATE_SCRIPT, generate_certificates
 from fedcond.tools.cli import main
 from fedcond.tools.deploy import RESERVED_PORTS, free_ports, superlink_command, supernode_command
+from fedcond.tools.flwr_commands import app_directory
 from fedcond.tools.processes import Processes, alive, descendants
 
 THREE_CLIENTS = RunConfig(num_clusters=3, clients_per_cluster=1)
@@ -44,6 +45,16 @@ def test_certificate_script_names_the_host_and_chains_to_its_ca(tmp_path, host, 
     verify = ["openssl", "verify", "-CAfile", str(certificates.ca), str(certificates.server_cert)]
     assert subprocess.run(verify, capture_output=True).returncode == 0
     assert certificates.server_key.stat().st_mode & 0o077 == 0  # the private key is its owner's alone
+
+
+def test_the_certificate_script_never_replaces_a_ca_key(tmp_path):
+    certificates = generate_certificates("127.0.0.1", tmp_path)
+    key = (tmp_path / "ca.key").read_bytes()
+    script = app_directory() / CERTIFICATE_SCRIPT
+    result = subprocess.run(["bash", str(script), "127.0.0.1", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"fedcond: error: {tmp_path}/ca.key exists; keep it, or move")
+    assert (tmp_path / "ca.key").read_bytes() == key and certificates.ca.is_file()
 
 
 def test_commands_use_tls_and_loopback_only(tmp_path):
@@ -86,6 +97,31 @@ def test_a_partition_file_of_another_client_or_split_is_refused(tmp_path):
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(FedcondError, match="not a readable partition file"):
         load_partition_file(tmp_path / "junk.npz", THREE_CLIENTS, 0)
+
+
+@pytest.mark.parametrize(
+    ("field", "change", "message"),
+    [
+        ("train_y", lambda y: y + 10, r"train labels run from \d+ to \d+, outside 0\.\.9"),
+        ("test_y", lambda y: y - 20, "test labels run from -"),
+        ("train_x", lambda x: np.where(np.arange(x.size).reshape(x.shape) == 3, np.nan, x), "NaN or infinite pixels"),
+        ("test_x", lambda x: np.full_like(x, np.inf), "NaN or infinite pixels"),
+        ("train_x", lambda x: x * 255, r"train pixels run from 0 to 255, outside \[0, 1\]"),
+        ("num_classes", lambda n: np.array(1000), "claims 1000 classes, digits has 10"),
+        ("train_x", lambda x: x[:, :, :4], "train arrays have shapes"),
+        ("train_y", lambda y: y.astype(np.float32), "labels must be integers"),
+    ],
+)
+def test_a_forged_partition_file_is_refused_in_one_line(tmp_path, field, change, message):
+    path = export_partitions(THREE_CLIENTS, tmp_path)[0]
+    with np.load(path, allow_pickle=False) as stored:
+        arrays = {key: stored[key] for key in stored.files}
+    arrays[field] = change(arrays[field])
+    with path.open("wb") as handle:
+        np.savez_compressed(handle, **arrays)
+    with pytest.raises(FedcondError, match=message) as error:
+        load_partition_file(path, THREE_CLIENTS, 0)
+    assert "\n" not in str(error.value) and str(error.value).endswith("(fedcond export-partitions)")
 
 
 def test_the_client_app_loads_what_its_node_config_names(tmp_path):

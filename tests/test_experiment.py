@@ -4,18 +4,22 @@ import csv
 import io
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import RoundRecord, RunRecorder, results_folder
+from fedcond.history import RoundRecord, RunRecorder, results_folder, run_status
 from fedcond.tools.cli import default_config, main
 from fedcond.tools.experiment import (
     METRIC_COLUMNS,
     Experiment,
     TableSpec,
+    experiment_lock,
     plan,
     read_grid_file,
     run_experiment,
@@ -322,3 +326,73 @@ def test_tidy_rows_name_the_fingerprint_and_conditioning_even_of_runs_recorded_b
     with write_metrics(experiment, tmp_path).open() as handle:
         rows = list(csv.DictReader(handle))
     assert {(row["fingerprint"], row["conditioning"]) for row in rows} == {("eigen", "concat")}
+
+
+def test_a_failure_at_the_set_up_step_fails_that_run_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
+    import strategies.base
+
+    def broken_secure_sum(*_args: object) -> None:
+        raise ValueError("the share step broke\n  on two lines")
+
+    # The ServerApp runs in this process's thread, so the patch reaches the strategy's set-up step.
+    monkeypatch.setattr(strategies.base, "federated_fingerprint_statistics", broken_secure_sum)
+    out = tmp_path / "cmp"
+    code = main([
+        "compare", "--num-clusters", "2", "--clients-per-cluster", "1", "--rounds", "1",
+        "--methods", "conditional,fedavg", "--seeds", "0", "--out", str(out), "local-epochs=1",
+    ])  # fmt: skip
+    assert code == 1  # a run failed: the command says so, after running the rest
+    failed = out / "runs" / "method-conditional_seed-0"
+    info = json.loads((failed / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"] == "ValueError: the share step broke on two lines"
+    assert "Traceback" not in (failed / "run.json").read_text()
+    assert "Traceback" in (failed / "traceback.txt").read_text()  # kept beside it for whoever debugs
+    assert run_status(out / "runs" / "method-fedavg_seed-0") == "finished"
+    err = capsys.readouterr().err
+    assert "fedcond: error: ValueError: the share step broke on two lines\n" in err and "Traceback" not in err
+
+
+def test_a_runner_that_raises_or_says_nothing_leaves_a_failed_run_and_the_grid_goes_on(tmp_path):
+    class Raising(FakeRunner):
+        def __call__(self, config: RunConfig) -> None:
+            if config.method == "fedavg" or config.seed == 1:
+                self.calls.append(config)
+                if config.method == "fedavg":
+                    raise RuntimeError("An error was encountered.\nEnding sim.")
+                return  # stopped before writing run.json
+            super().__call__(config)
+
+    runner = Raising()
+    run_experiment(small_experiment(), default_config(), tmp_path, runner, io.StringIO())
+    assert len(runner.calls) == 4
+    runs = tmp_path / "runs"
+    assert run_status(runs / "method-fedavg_seed-0") == "failed: RuntimeError: An error was encountered. Ending sim."
+    assert run_status(runs / "method-conditional_seed-1").startswith("failed: the run ended without finishing")
+    assert run_status(runs / "method-conditional_seed-0") == "finished"
+
+
+def test_a_folder_another_live_invocation_holds_is_refused_and_a_dead_ones_is_taken_over(tmp_path):
+    refused = f"in use by another fedcond compare or sweep \\(process {os.getpid()}\\)"
+    with experiment_lock(tmp_path), pytest.raises(FedcondError, match=refused), experiment_lock(tmp_path):
+        pass
+    with experiment_lock(tmp_path):  # released when its holder is done
+        pass
+    # Another process holds it: refused in one line, and nothing in the folder is touched.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from fedcond.tools.experiment import "
+         "experiment_lock\nwith experiment_lock(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(60)",
+         str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(FedcondError, match=f"\\(process {holder.pid}\\); wait for it") as error:
+            run_experiment(small_experiment(), default_config(), tmp_path, FakeRunner(), io.StringIO())
+        assert "\n" not in str(error.value) and not (tmp_path / "runs").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # Its holder died without letting go: the lock is taken over.
+    runner = FakeRunner()
+    run_experiment(small_experiment(), default_config(), tmp_path, runner, io.StringIO())
+    assert len(runner.calls) == 4

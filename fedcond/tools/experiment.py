@@ -9,10 +9,13 @@ rerunning the same command skips every run whose folder says ``finished``.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import itertools
 import json
 import math
+import os
 import re
 import shutil
 import threading
@@ -25,7 +28,7 @@ from typing import Any, TextIO
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import run_status
+from fedcond.history import error_line, mark_failed, run_status
 
 # Every tidy row names the scenario it came from, so results of several experiments concatenate.
 SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
@@ -42,6 +45,8 @@ OPTIONAL_METRIC_COLUMNS = ("heldout_accuracy",)
 # Settings that say where a run lives or how chatty it is, not what it computes.
 PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir")
 EXPERIMENT_FILE = "experiment.json"
+# Held by the compare or sweep working in the folder (``experiment_lock``).
+LOCK_FILE = ".fedcond.lock"
 METRICS_FILE = "metrics.csv"
 
 Runner = Callable[[RunConfig], None]
@@ -366,24 +371,68 @@ def run_experiment(
     runs_dir = (out / "runs").resolve()
     planned = plan(experiment, base, runs_dir)  # every run is checked before anything is written
     out.mkdir(parents=True, exist_ok=True)
-    record_experiment(experiment, out)
-    pending = [run for run in planned if not finished_before(run, runs_dir)]
-    skipped = len(planned) - len(pending)
-    print(
-        f"fedcond: {len(planned)} runs in {out}: {skipped} finished before, {len(pending)} to run",
-        file=stream,
-        flush=True,
-    )
-    check_data(pending)
-    progress = Progress(pending, stream)
-    for index, run in enumerate(pending, start=1):
-        position = f"[{index}/{len(pending)}]"
-        print(f"fedcond: {position} {run.name} ({run.config.num_clients} clients)", file=stream, flush=True)
-        progress.watch(run, runs_dir / run.name, position, lambda run=run: runner(run.config))
-        status = run_status(runs_dir / run.name)
-        if status != "finished":
-            print(f"fedcond: {position} {run.name} did not finish ({status})", file=stream, flush=True)
+    # Held from before the first unfinished run folder is deleted until the last run ends.
+    with experiment_lock(out):
+        record_experiment(experiment, out)
+        pending = [run for run in planned if not finished_before(run, runs_dir)]
+        skipped = len(planned) - len(pending)
+        print(
+            f"fedcond: {len(planned)} runs in {out}: {skipped} finished before, {len(pending)} to run",
+            file=stream,
+            flush=True,
+        )
+        check_data(pending)
+        progress = Progress(pending, stream)
+        for index, run in enumerate(pending, start=1):
+            position = f"[{index}/{len(pending)}]"
+            print(f"fedcond: {position} {run.name} ({run.config.num_clients} clients)", file=stream, flush=True)
+            progress.watch(run, runs_dir / run.name, position, lambda run=run: run_one(runner, run, runs_dir))
+            status = run_status(runs_dir / run.name)
+            if status != "finished":
+                print(f"fedcond: {position} {run.name} did not finish ({status})", file=stream, flush=True)
     return planned
+
+
+@contextlib.contextmanager
+def experiment_lock(out: Path) -> Iterator[None]:
+    """Hold ``out`` for this process: a second compare or sweep on it is refused with one line.
+
+    Another invocation would delete this one's unfinished (running) run folders and write into the
+    same files. ``flock`` rather than a PID file: the kernel releases it when its holder dies, however
+    it dies, so a stale lock is simply taken over, with no PID-reuse guesswork. The holder's PID is
+    written into the file only to name it in the error.
+    """
+    path = out / LOCK_FILE
+    handle = path.open("a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise FedcondError(
+                f"{out} is in use by another fedcond compare or sweep (process {holder}); wait for it to "
+                "finish or stop it, or choose another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # closing releases the lock
+
+
+def run_one(runner: Runner, run: PlannedRun, runs_dir: Path) -> None:
+    """Run one grid point; whatever it raises is recorded as its failure, and the grid goes on."""
+    try:
+        runner(run.config)
+    except Exception as error:
+        mark_failed(runs_dir / run.name, error_line(error))
+        return
+    # A run that returned without saying how it ended (no run.json: it stopped before writing one;
+    # or still "running") failed, its error on the terminal: not "not run yet", nor left "running".
+    mark_failed(runs_dir / run.name, "the run ended without finishing; see the error printed above this line")
 
 
 def record_experiment(experiment: Experiment, out: Path) -> None:
