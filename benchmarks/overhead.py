@@ -43,9 +43,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+# The checkout (the benchmark needs fedcond installed, as `make` does; run it with the venv's python).
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from a checkout: the package is next door
-    sys.path.insert(0, str(ROOT))
 
 #: name -> run-config settings (all E1, label shift, FedAvg) and the number of rounds.
 WORKLOADS: dict[str, dict[str, object]] = {
