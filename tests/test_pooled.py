@@ -108,3 +108,19 @@ def test_a_pooled_run_that_fails_is_recorded_failed(monkeypatch, tmp_path):
         run_pooled(small("pooled-global", **{"run-name": "broken", "results-dir": str(tmp_path)}))
     info = json.loads((tmp_path / "broken" / "run.json").read_text())
     assert info["status"] == "failed" and "learning-rate" in info["error"]
+
+
+def test_fedcond_run_of_a_pooled_method_reports_an_unexpected_error_in_one_line(monkeypatch, tmp_path, capsys):
+    from fedcond.tools.cli import main
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug\nover two lines")
+
+    monkeypatch.setattr("fedcond.pooled.run_epochs", broken)
+    code = main(["run", "method=pooled-global", "num-clusters=2", "clients-per-cluster=1", "num-server-rounds=1",
+                 f"results-dir={tmp_path}", "run-name=bug"])  # fmt: skip
+    assert code == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "the run failed" in error[0] and "Traceback" not in error[0]
+    info = json.loads((tmp_path / "bug" / "run.json").read_text())
+    assert info["status"] == "failed" and "ValueError" in info["error"] and "\n" not in info["error"]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.history import run_status
 from fedcond.scenarios import forget_loaded_data
 from fedcond.tools import deploy
 from fedcond.tools.experiment import (
@@ -71,8 +72,15 @@ def run(
         # The paper's centralised protocol has no federation to start: it trains right here.
         from fedcond.pooled import run_pooled
 
-        run_pooled(run_config({**default_config(), **overrides}))
-        print(closing_summary(run_folder(overrides)), flush=True)
+        folder = run_folder(overrides)
+        try:
+            run_pooled(run_config({**default_config(), **overrides}))
+        except FedcondError:
+            raise  # main prints it as one line
+        except Exception:  # recorded (run.json failed, traceback.txt beside it): one line here
+            print(f"fedcond: error: the run failed ({run_status(folder)}); see {folder}", file=sys.stderr)
+            return 1
+        print(closing_summary(folder), flush=True)
         return 0
     # The check above decoded the dataset; `flwr run` and its actors load their own, and this process
     # only waits for them: its copy would sit in memory for the whole run.
