@@ -244,7 +244,7 @@ def bare_loop(settings: dict[str, object], threads: int) -> dict[str, object]:
     clients = [load_client_data(config, pid) for pid in range(config.num_clients)]
     model = build_run_model(config, scenario.num_classes, conditioned=False)
     global_weights = get_weights(model)
-    train_settings = TrainSettings(config.local_epochs, config.batch_size, config.learning_rate, config.momentum)
+    train_settings = TrainSettings.of(config)
     rounds: list[dict[str, float]] = []
     for server_round in range(1, config.num_server_rounds + 1):
         start = time.perf_counter()

@@ -78,12 +78,7 @@ class FedcondClient(NumPyClient):
         self.state = context.state
         self.conditioned = conditioned
         self.model = self.working_model()
-        self.train_settings = TrainSettings(
-            epochs=run_config.local_epochs,
-            batch_size=run_config.batch_size,
-            learning_rate=run_config.learning_rate,
-            momentum=run_config.momentum,
-        )
+        self.train_settings = TrainSettings.of(run_config)
 
     def fresh_model(self) -> ConditionalCNN:
         """The seeded initial model: identical on every client and on the server."""

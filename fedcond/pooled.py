@@ -63,10 +63,9 @@ POOLED_METHODS = {
 
 @dataclass
 class PooledModel:
-    """One model of a pooled run, the clients whose training data it pools, and its optimiser state."""
+    """One model of a pooled run, its pooled training data, and its optimiser and batch-order state."""
 
     model: ConditionalCNN
-    members: list[ClientData]
     optimiser: torch.optim.Optimizer
     generator: torch.Generator
     data: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -97,14 +96,10 @@ def _pooled_model(
         rows = np.concatenate([np.repeat(conditions[c.partition_id][None, :], len(c.train_y), axis=0) for c in members])
         rows = torch.from_numpy(rows.astype(np.float32)).to(device)
     data = (torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device), rows)
-    settings = train_settings(config)
+    settings = TrainSettings.of(config)
     # One batch-order stream per model, continued across rounds like one centralised run.
     seed = int(np.random.SeedSequence([config.seed, index, len(POOLED_METHODS)]).generate_state(1)[0])
-    return PooledModel(model, members, new_optimiser(model, settings), torch.Generator().manual_seed(seed), data)
-
-
-def train_settings(config: RunConfig) -> TrainSettings:
-    return TrainSettings(config.local_epochs, config.batch_size, config.learning_rate, config.momentum)
+    return PooledModel(model, new_optimiser(model, settings), torch.Generator().manual_seed(seed), data)
 
 
 def run_pooled(config: RunConfig) -> RunRecorder:
@@ -133,7 +128,7 @@ def _train_and_record(
     models = [_pooled_model(config, members, num_classes, conditions, index) for index, members in enumerate(groups)]
     # Which model each client (held-out ones too) is evaluated with: its cluster's, or the only one.
     model_of = {c.partition_id: models[c.cluster if scope == "cluster" else 0].model for c in clients}
-    settings = train_settings(config)
+    settings = TrainSettings.of(config)
     started = time.perf_counter()
     for round_number in range(1, config.num_server_rounds + 1):
         round_start = time.perf_counter()

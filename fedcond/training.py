@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 
 EVAL_BATCH = 1024
@@ -20,6 +21,11 @@ class TrainSettings:
     batch_size: int
     learning_rate: float
     momentum: float
+
+    @classmethod
+    def of(cls, config: RunConfig) -> TrainSettings:
+        """A run's local training settings (``config`` resolved: dataset defaults filled in)."""
+        return cls(config.local_epochs, config.batch_size, config.learning_rate, config.momentum)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ files included) before Flower starts.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -165,10 +164,9 @@ def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> 
         os.environ.setdefault(name, value)
 
     def run_one(config: RunConfig) -> None:
+        # A failure of either kind is recorded by the experiment (run_one), which goes on.
         if is_pooled(config):
-            # A failure is recorded in the run's folder (status failed); the experiment goes on.
-            with contextlib.suppress(FedcondError):
-                run_pooled(config)
+            run_pooled(config)
         else:
             simulate(config, cpus_per_client=cpus_per_client, gpus_per_client=gpus, quiet=True)
 
