@@ -17,6 +17,7 @@ from pathlib import Path
 from flwr.client import Client, ClientApp
 from flwr.common import Context
 
+from clients.clipping import client_dp_clipping_mod
 from fedcond.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
@@ -54,7 +55,8 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     def client_fn(context: Context) -> Client:
         return build_client(context, config or run_config(context.run_config))
 
-    return ClientApp(client_fn=client_fn)
+    # The mod clips updates only where the server asks (client-dp = "client-side").
+    return ClientApp(client_fn=client_fn, mods=[client_dp_clipping_mod])
 
 
 app = make_client_app()

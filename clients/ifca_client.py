@@ -18,6 +18,9 @@ class IfcaClient(FedcondClient):
     Evaluation rounds receive only the model the client chose (the server remembers the choice).
     """
 
+    # The choice is the argmin of K losses on the training data, sent as it is: DP-SGD does not cover it.
+    releases_only_trained_models = False
+
     def split_models(self, parameters: list[np.ndarray]) -> list[list[np.ndarray]]:
         per_model = len(self.model.state_dict())
         if len(parameters) % per_model:

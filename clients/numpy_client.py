@@ -11,6 +11,7 @@ each instruction (the round number, the federation's fingerprint statistics, ...
 from __future__ import annotations
 
 import functools
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -25,6 +26,7 @@ from fedcond.errors import FedcondError
 from fedcond.messages import (
     ACCURACY,
     CLUSTER,
+    EPSILON,
     ERROR,
     FINGERPRINT_MEAN,
     FINGERPRINT_STD,
@@ -44,10 +46,13 @@ from fedcond.messages import (
     array_to_bytes,
 )
 from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
-from fedcond.training import ProximalTerm, TrainSettings, evaluate, train
+from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy, private_fingerprint
+from fedcond.training import DpSgd, ProximalTerm, TrainSettings, evaluate, train, train_private
 
 FINGERPRINT_KEY = "fingerprint"
 SECURE_SUM_KEY = "secure-sum"
+#: Every DP mechanism this client ran on its training data (fedcond.privacy.PrivacyLedger), in its state.
+PRIVACY_LEDGER_KEY = "privacy-ledger"
 
 Fitted = tuple[list[np.ndarray], int, dict[str, object]]
 Evaluated = tuple[float, int, dict[str, object]]
@@ -70,6 +75,9 @@ class FedcondClient(NumPyClient):
 
     #: Run-config settings of this client behaviour, declared here rather than in a central list.
     options: ClassVar[tuple[Option, ...]] = ()
+    #: Whether everything this client sends that depends on its training data comes out of
+    #: ``train_locally`` (or the fingerprint): what DP-SGD's guarantee needs.
+    releases_only_trained_models: ClassVar[bool] = True
 
     def __init__(self, run_config: RunConfig, data: ClientData, context: Context, conditioned: bool) -> None:
         run_config = run_config.resolved()
@@ -79,6 +87,7 @@ class FedcondClient(NumPyClient):
         self.conditioned = conditioned
         self.model = self.working_model()
         self.train_settings = TrainSettings.of(run_config)
+        self.privacy = SampleLevelPrivacy.of(run_config)
 
     def fresh_model(self) -> ConditionalCNN:
         """The seeded initial model: identical on every client and on the server."""
@@ -118,9 +127,23 @@ class FedcondClient(NumPyClient):
         settings: TrainSettings | None = None,
         proximal: ProximalTerm | None = None,
     ) -> float:
-        """Train ``model`` on this client's data in this round's batch order; the last epoch's mean loss."""
+        """Train ``model`` on this client's data in this round's batch order; the last epoch's mean loss.
+
+        With ``dp-noise-multiplier`` > 0, DP-SGD instead (random batches, see ``train_private``), its
+        steps added to this client's privacy ledger.
+        """
+        condition = self.condition(round_config)  # first: a DP fingerprint enters the ledger when made
+        if self.privacy.dp_sgd:
+            ledger = self.privacy_ledger()
+            dp_sgd = DpSgd(self.privacy.noise_multiplier, self.privacy.max_grad_norm)
+            loss = train_private(
+                model, self.data.train_x, self.data.train_y, condition, settings or self.train_settings, dp_sgd,
+                ledger, proximal,
+            )  # fmt: skip
+            self.save_privacy_ledger(ledger)
+            return loss
         return train(
-            model, self.data.train_x, self.data.train_y, self.condition(round_config), settings or self.train_settings,
+            model, self.data.train_x, self.data.train_y, condition, settings or self.train_settings,
             self.round_seed(round_config), proximal,
         )  # fmt: skip
 
@@ -131,8 +154,19 @@ class FedcondClient(NumPyClient):
 
     # -- the fingerprint: computed once, on local training data only, kept in client state --------
     def raw_fingerprint(self) -> np.ndarray:
+        """The fingerprint before normalisation: with ``fingerprint-epsilon``, noised once, here, and
+        only the noisy vector kept (the ledger records the release)."""
         if FINGERPRINT_KEY not in self.state.array_records:
             vector = client_fingerprint(self.run_config, self.data)
+            if self.privacy.private_fingerprint and fp.fingerprint_spec(self.run_config.fingerprint).needs_data:
+                release = private_fingerprint(
+                    vector, self.run_config.fingerprint, self.data.train_x, self.data.train_y,
+                    self.data.num_classes, self.run_config.fingerprint_dim, self.privacy,
+                )  # fmt: skip
+                vector = release.vector
+                ledger = self.privacy_ledger()
+                ledger.add(release.noise_multiplier, 1.0, 1)
+                self.save_privacy_ledger(ledger)
             self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
         return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]
 
@@ -146,10 +180,31 @@ class FedcondClient(NumPyClient):
             std = array_from_bytes(round_config.get(FINGERPRINT_STD), FINGERPRINT_STD)
         return fp.normalise(self.raw_fingerprint(), self.run_config.normalisation, mean, std)
 
+    # -- sample-level privacy: what the client has spent so far -----------------------------------------
+    def privacy_ledger(self) -> PrivacyLedger:
+        if PRIVACY_LEDGER_KEY not in self.state.config_records:
+            return PrivacyLedger()
+        return PrivacyLedger.from_record(dict(self.state.config_records[PRIVACY_LEDGER_KEY]))  # type: ignore[arg-type]
+
+    def save_privacy_ledger(self, ledger: PrivacyLedger) -> None:
+        if ledger.entries:
+            self.state.config_records[PRIVACY_LEDGER_KEY] = ConfigRecord(ledger.to_record())  # type: ignore[arg-type]
+
+    def privacy_metrics(self) -> dict[str, object]:
+        """With any sample-level DP setting: ``EPSILON``, the composed epsilon of everything this client
+        has released (inf when its training is not DP-SGD: the updates then are not private), and,
+        under DP-SGD, the training loss withheld (NaN): it is computed from the data without noise."""
+        if not self.privacy.enabled:
+            return {}
+        if not self.privacy.dp_sgd:
+            return {EPSILON: math.inf}
+        return {EPSILON: self.privacy_ledger().epsilon(self.privacy.delta), TRAIN_LOSS: math.nan}
+
     # -- Flower's entry points: a FedcondError becomes a one-line report, not a traceback ---------------
     def fit(self, parameters: list[np.ndarray], config: dict[str, object]) -> Fitted:
         try:
-            return self.train_round(parameters, config)
+            weights, num_examples, metrics = self.train_round(parameters, config)
+            return weights, num_examples, {**metrics, **self.privacy_metrics()}
         except FedcondError as error:
             return [], 0, {ERROR: str(error)}
 

@@ -24,7 +24,7 @@ from fedcond.errors import FedcondError
 
 HISTORY_COLUMNS = (
     "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up", "ari",
-    "heldout_accuracy",
+    "heldout_accuracy", "epsilon",
 )  # fmt: skip
 PACKAGES = ("fedcond", "flwr", "torch", "torchvision", "numpy", "scikit-learn", "ray")
 
@@ -46,6 +46,9 @@ class RoundRecord:
     ari: float = float("nan")
     # Sample-weighted accuracy of the held-out clients (never trained), NaN when there are none.
     heldout_accuracy: float = float("nan")
+    # Sample-level DP: the largest cumulative epsilon (at dp-delta) any client reported this round;
+    # NaN without sample-level DP, inf when only the fingerprint is private (docs/privacy.md).
+    epsilon: float = float("nan")
 
     @staticmethod
     def columns(num_clusters: int) -> list[str]:
@@ -55,8 +58,9 @@ class RoundRecord:
     def progress_line(self, num_rounds: int) -> str:
         """The one terminal line a round prints."""
         held = f"  held-out {self.heldout_accuracy:.4f}" if not math.isnan(self.heldout_accuracy) else ""
+        epsilon = f"  epsilon {self.epsilon:.3g}" if not math.isnan(self.epsilon) else ""
         return (
-            f"round {self.round:>3}/{num_rounds}  accuracy {self.accuracy:.4f}  loss {self.loss:.4f}{held}  "
+            f"round {self.round:>3}/{num_rounds}  accuracy {self.accuracy:.4f}  loss {self.loss:.4f}{held}{epsilon}  "
             f"{self.seconds:5.1f} s"
         )
 

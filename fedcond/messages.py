@@ -27,6 +27,7 @@ CLUSTER = "cluster"
 TRAIN_LOSS = "train-loss"
 ACCURACY = "accuracy"
 CHOICE = "choice"
+EPSILON = "epsilon"
 ERROR = "fedcond-error"
 
 FLOAT64 = "<f8"

@@ -50,6 +50,25 @@ def cifar_features(channels: int) -> nn.Sequential:
     )  # fmt: skip
 
 
+class HyperHead(nn.Module):
+    """The ``hyper`` mechanism's generated part of the output layer: W_j, b_j for every fingerprint
+    dimension j in ``weight`` (condition_dim, classes, hidden + 1), added to the base head's logits.
+
+    A module of its own (not a bare parameter of the network) so that Opacus can compute its
+    per-sample gradients (``fedcond.privacy`` registers how); ``base`` is an input, not a sum taken
+    outside, so the logits are computed in the same order as always.
+    """
+
+    def __init__(self, initial: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(initial)
+
+    def forward(self, condition: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        generated = torch.einsum("bj,jco->bco", condition, self.weight)  # (batch, classes, hidden + 1)
+        weights, biases = generated[..., :-1], generated[..., -1]
+        return base + torch.einsum("bco,bo->bc", weights, hidden) + biases
+
+
 class ConditionalCNN(nn.Module):
     """A conv feature stack, then FC hidden -> ReLU -> FC classes, conditioned as ``conditioning`` says.
 
@@ -92,7 +111,7 @@ class ConditionalCNN(nn.Module):
             # W0, b0 is classifier[2]; W_j, b_j for every fingerprint dimension j live here, small
             # enough that sum_j s_j W_j starts at the scale of W0 for a z-scored s.
             scale = 1.0 / np.sqrt(hidden * condition_dim)
-            self.hyper = nn.Parameter(torch.randn(condition_dim, num_classes, hidden + 1) * scale)
+            self.hyper = HyperHead(torch.randn(condition_dim, num_classes, hidden + 1) * scale)
 
     def forward(self, images: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
         features = self.features(images)
@@ -109,9 +128,7 @@ class ConditionalCNN(nn.Module):
             gamma, beta = self.film(condition).chunk(2, dim=1)
             return head(activation((1 + gamma) * hidden + beta))
         hidden = activation(hidden)
-        generated = torch.einsum("bj,jco->bco", condition, self.hyper)  # (batch, classes, hidden + 1)
-        weights, biases = generated[..., :-1], generated[..., -1]
-        return head(hidden) + torch.einsum("bco,bo->bc", weights, hidden) + biases
+        return self.hyper(condition, hidden, head(hidden))
 
 
 def build_model(

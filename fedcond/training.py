@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+import secrets
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -11,6 +15,9 @@ from torch import nn
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+
+if TYPE_CHECKING:
+    from fedcond.privacy import PrivacyLedger
 
 EVAL_BATCH = 1024
 
@@ -139,6 +146,107 @@ def run_epochs(
             optimiser.step()
             total += loss.item() * len(batch)
             seen += len(batch)
+        epoch_loss = total / max(seen, 1)
+    return epoch_loss
+
+
+@dataclass(frozen=True)
+class DpSgd:
+    """DP-SGD's two settings: every sample's gradient clipped to ``max_grad_norm`` (L2), then Gaussian
+    noise of std ``noise_multiplier * max_grad_norm`` added to each batch's sum."""
+
+    noise_multiplier: float
+    max_grad_norm: float
+
+
+def train_private(
+    model: nn.Module,
+    images: np.ndarray,
+    labels: np.ndarray,
+    condition: np.ndarray | None,
+    settings: TrainSettings,
+    dp_sgd: DpSgd,
+    ledger: PrivacyLedger,
+    proximal: ProximalTerm | None = None,
+) -> float:
+    """``train`` with DP-SGD through Opacus: Poisson-sampled batches (each sample joins each step with
+    probability batch-size / n, the sampling Opacus's accountant assumes), per-sample clipping and
+    Gaussian noise; the steps are added to ``ledger``. Returns the last epoch's mean loss, which is
+    not private: the client keeps it.
+
+    ``condition`` is one fingerprint row (d,) (the client's, already DP when it depends on the data).
+    The batches and the noise come from the operating system's entropy, not from a seed: whoever
+    knows the run's seed could otherwise undo them, so DP runs are not bit-reproducible. A proximal
+    term (Ditto) does not depend on the data: its gradient is added after the noise.
+    """
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fedcond.privacy import per_sample_gradient_layers
+
+    per_sample_gradient_layers()  # registers fedcond's own layers with Opacus
+    device = pick_device()
+    model.to(device).train()  # before Opacus checks the model (a reused model may come from evaluation)
+    if proximal is not None:
+        proximal.anchor.to(device)
+    x, y, cond = _tensor(images, device), _tensor(labels, device), _condition_tensor(condition, device)
+    sampling = torch.Generator().manual_seed(secrets.randbits(63))
+    loader = DataLoader(TensorDataset(x, y), batch_size=settings.batch_size, generator=sampling)
+    with warnings.catch_warnings():
+        # Opacus's secure_mode needs torchcsprng; the generators here are seeded from the OS instead
+        # (docs/privacy.md says what that leaves open).
+        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        engine = PrivacyEngine(accountant="rdp")
+    hooks, optimiser, private_loader = engine.make_private(
+        module=model, optimizer=new_optimiser(model, settings), data_loader=loader,
+        noise_multiplier=dp_sgd.noise_multiplier, max_grad_norm=dp_sgd.max_grad_norm,
+        noise_generator=torch.Generator(device=device).manual_seed(secrets.randbits(63)), wrap_model=False,
+    )  # fmt: skip
+    criterion = nn.CrossEntropyLoss()
+    try:
+        with warnings.catch_warnings():
+            # The first convolution's input needs no gradient: PyTorch notes that about Opacus's hooks.
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            epoch_loss = _private_epochs(model, optimiser, private_loader, cond, settings, criterion, proximal)
+    finally:
+        hooks.cleanup()  # the model may be reused for plain evaluation or training in this process
+    for noise_multiplier, sample_rate, steps in engine.accountant.history:
+        ledger.add(noise_multiplier, sample_rate, steps)
+    return epoch_loss
+
+
+def _private_epochs(
+    model: nn.Module,
+    optimiser: torch.optim.Optimizer,
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    cond: torch.Tensor | None,
+    settings: TrainSettings,
+    criterion: nn.Module,
+    proximal: ProximalTerm | None,
+) -> float:
+    """The epochs of ``train_private`` (``optimiser`` is Opacus's DPOptimizer); the last epoch's mean loss."""
+    epoch_loss = math.nan
+    for _ in range(settings.epochs):
+        total, seen = 0.0, 0
+        for batch_x, batch_y in loader:
+            optimiser.zero_grad()
+            logits = model(batch_x, cond)
+            # Poisson sampling can draw an empty batch: its step still adds the noise the accountant counts.
+            loss = criterion(logits, batch_y) if len(batch_y) else logits.sum() * 0.0
+            if not torch.isfinite(loss):
+                raise FedcondError(
+                    f"training loss became {loss.item()}; lower learning-rate (now {settings.learning_rate})"
+                )
+            loss.backward()
+            if proximal is None:
+                optimiser.step()
+            elif optimiser.pre_step():  # type: ignore[attr-defined]  # clipped, noised, scaled
+                with torch.no_grad():  # then the data-free proximal gradient, and the plain SGD step
+                    for own, fixed in zip(model.parameters(), proximal.anchor.parameters(), strict=True):
+                        own.grad.add_(own - fixed, alpha=proximal.strength)
+                optimiser.original_optimizer.step()  # type: ignore[attr-defined]
+            total += loss.item() * len(batch_y)
+            seen += len(batch_y)
         epoch_loss = total / max(seen, 1)
     return epoch_loss
 

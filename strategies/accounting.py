@@ -10,7 +10,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedcond.errors import FedcondError
 from fedcond.history import RoundRecord, RunRecorder
-from fedcond.messages import ACCURACY, CLUSTER, ERROR, PARTITION_ID, TRAIN_LOSS
+from fedcond.messages import ACCURACY, CLUSTER, EPSILON, ERROR, PARTITION_ID, TRAIN_LOSS
 from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
 
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
@@ -61,6 +61,7 @@ class RoundTracker:
         self.bytes_up = 0
         self.train_loss = float("nan")
         self.ari = float("nan")
+        self.epsilon = float("nan")
 
     def start_round(self) -> None:
         self.round_start = time.perf_counter()
@@ -83,6 +84,9 @@ class RoundTracker:
         if count_bytes:
             self.bytes_up += sum(parameters_bytes(res.parameters) for _, res in results)
         self.train_loss = weighted_mean((float(res.metrics[TRAIN_LOSS]), res.num_examples) for _, res in results)
+        # Sample-level DP: the worst-off client's cumulative epsilon (clients report it, fedcond.privacy).
+        spent = [float(res.metrics[EPSILON]) for _, res in results if EPSILON in res.metrics]
+        self.epsilon = max(spent, default=float("nan"))
 
     def finish_round(
         self,
@@ -107,6 +111,7 @@ class RoundTracker:
             cluster_accuracy=per_cluster,
             ari=self.ari,
             heldout_accuracy=heldout_accuracy,
+            epsilon=self.epsilon,
         )
         if self.recorder is not None:
             self.recorder.add(record)

@@ -18,10 +18,12 @@ from clients.ditto_client import DittoClient
 from clients.ifca_client import IfcaClient
 from clients.local_client import LocalClient
 from clients.numpy_client import FedcondClient
+from fedcond import privacy
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.pooled import POOLED_METHODS
 from fedcond.scenarios import scenario_for, validate_without_data
+from strategies import client_dp
 from strategies.base import FedcondStrategy
 from strategies.cluster_models import IfcaStrategy, OracleStrategy
 from strategies.fedavg import FedcondFedAvg
@@ -81,8 +83,10 @@ def get_method(name: str) -> Method:
 
 
 def declared_options() -> tuple[Option, ...]:
-    """Every method's options, each once (methods may share a class)."""
+    """Every method's options, each once (methods may share a class), then the privacy settings
+    every federated method has (sample-level: fedcond.privacy; client-level: strategies.client_dp)."""
     unique = {option.key: option for method in registry().values() for option in method.options}
+    unique.update({option.key: option for option in (*privacy.OPTIONS, *client_dp.OPTIONS)})
     return tuple(unique.values())
 
 
@@ -128,6 +132,24 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"own there); set held-out-clients=0 or use one of {', '.join(supported)} "
             f"(compare: --methods {','.join(supported)})"
         )
+    check_privacy(config, method)
     if load_data:
         scenario_for(config)
     return method
+
+
+def check_privacy(config: RunConfig, method: Method) -> None:
+    """The DP settings (docs/privacy.md) against the method: refused in one line where they cannot hold."""
+    sample_level = privacy.SampleLevelPrivacy.of(config)
+    if method.protocol == "pooled" and (sample_level.enabled or client_dp.client_dp_mode(config) != "off"):
+        raise FedcondError(
+            f"{method.name} trains centrally on pooled data: the DP settings (dp-noise-multiplier, "
+            "fingerprint-epsilon, client-dp) apply to federated methods only; set them to 0 / off"
+        )
+    if sample_level.dp_sgd and method.client is not None and not method.client.releases_only_trained_models:
+        raise FedcondError(
+            f"dp-noise-multiplier cannot make {method.name} private: its clients also send a choice computed "
+            "from their training data, which DP-SGD does not cover; set dp-noise-multiplier=0 or pick another method"
+        )
+    privacy.check_sample_level(config, method.conditioned)
+    client_dp.check_client_dp(config, method.strategy)

@@ -8,10 +8,12 @@ from flwr.common import Context
 from flwr.server import Grid, ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 
+from fedcond import privacy
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
 from fedcond.history import RunRecorder, error_line, failures_recorded, open_run
 from fedcond.scenarios import scenario_for
+from strategies import client_dp
 from strategies.base import StrategyInputs
 from strategies.registry import check_run, federated, run_config
 
@@ -27,10 +29,17 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         if config.verbose:
             print(f"fedcond: fingerprint encoder trained on {config.fingerprint_encoder} (cached after the first run)")
         load_encoder(config.fingerprint_encoder, config.resolved_data_dir())
-    recorder = open_run(config, scenario, method.name, method.summary, method.conditioned)
+    privacy_details = {
+        "sample_level": privacy.describe(config, method.conditioned),
+        "client_level": client_dp.describe(config),
+    }
+    recorder = open_run(
+        config, scenario, method.name, method.summary, method.conditioned, extra={"privacy": privacy_details}
+    )
     with failures_recorded(recorder):
         strategy = strategy_class(StrategyInputs(config, scenario.num_classes, method.conditioned, recorder))
-        start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=config.num_server_rounds))
+        served = client_dp.with_client_dp(strategy, config)  # Flower's DP wrapper, when client-dp asks for one
+        start_grid(grid=grid, strategy=served, config=ServerConfig(num_rounds=config.num_server_rounds))
     return recorder
 
 

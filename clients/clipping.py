@@ -1,0 +1,45 @@
+"""Client-side clipping for client-level DP: Flower's ``fixedclipping_mod``, where the server asks for it.
+
+With ``client-dp = "client-side"`` the server's wrapper (strategies/client_dp.py) puts the clipping
+norm into every training instruction; this mod then lets Flower's ``fixedclipping_mod`` clip the
+update (returned model minus received model) to that norm before it leaves the client. Without the
+key it does nothing, so one ClientApp serves every setting. A client that reports an error (no
+model: ``clients/numpy_client.py``) is passed through as it is, for the server to report its reason.
+"""
+
+from __future__ import annotations
+
+from flwr.client.mod import fixedclipping_mod
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import Context, Message, MessageType
+from flwr.compat.common import recorddict_compat
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+
+from fedcond.messages import ERROR
+
+
+def client_dp_clipping_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's ``fixedclipping_mod`` for training instructions that carry a clipping norm."""
+    asks_for_clipping = message.metadata.message_type == MessageType.TRAIN and any(
+        KEY_CLIPPING_NORM in record for record in message.content.config_records.values()
+    )
+    if not asks_for_clipping:
+        return call_next(message, context)
+    replies: list[Message] = []
+
+    def answer(inner: Message, inner_context: Context) -> Message:
+        reply = call_next(inner, inner_context)
+        replies.append(reply)
+        return reply
+
+    try:
+        return fixedclipping_mod(message, context, answer)
+    except ValueError:
+        # An error reply holds no model to clip (zip of no arrays against the model's).
+        if replies and not replies[0].has_error() and _reports_error(replies[0]):
+            return replies[0]
+        raise
+
+
+def _reports_error(reply: Message) -> bool:
+    return ERROR in recorddict_compat.recorddict_to_fitres(reply.content, keep_input=True).metrics

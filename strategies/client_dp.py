@@ -1,0 +1,134 @@
+"""Client-level differential privacy through Flower's own wrappers, around fedcond's strategies.
+
+``client-dp = "server-side"`` wraps the method's strategy in Flower's
+``DifferentialPrivacyServerSideFixedClipping`` (the server clips each client's update to
+``client-dp-clipping-norm``), ``"client-side"`` in ``DifferentialPrivacyClientSideFixedClipping``
+(each client clips its own update with Flower's ``fixedclipping_mod``, see clients/clipping.py); in
+both, the server adds Gaussian noise of std noise-multiplier x clipping-norm / clients to the
+average. The unit of privacy is a whole client: its every sample, in every round.
+
+Two things the wrappers take for granted that fedcond must provide, done here rather than in
+``strategies/base.py``:
+
+- The noise is calibrated to an *unweighted* mean of clipped updates (sensitivity clip / clients);
+  fedcond's FedAvg weights by sample counts, under which one client's weight can exceed 1 / clients.
+  The wrapper therefore hands the inner strategy every result with one example, so FedAvg averages
+  uniformly (the round's train_loss is then an unweighted mean too).
+- Flower's wrappers return "no new model" on any failure, silently, and the server-side one clips
+  an empty error reply against the model (a ValueError): failures go through fedcond's own
+  ``raise_on_failures`` first, so a failed client ends the run with its one-line reason as before.
+  A round with fewer clients would also need more noise than was calibrated: no partial rounds.
+"""
+
+from __future__ import annotations
+
+from flwr.common import FitRes, Parameters, Scalar
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import (
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+    Strategy,
+)
+from flwr.supercore.differential_privacy import compute_stdv
+from torch import nn
+
+from fedcond.config import Option, RunConfig
+from fedcond.datasets import dataset_spec
+from fedcond.errors import FedcondError
+from fedcond.models import build_run_model
+from fedcond.privacy import DP_DELTA, check_delta, gaussian_rounds_epsilon
+from strategies.accounting import Failures, raise_on_failures
+from strategies.base import FedcondStrategy
+from strategies.fedavg import FedcondFedAvg
+
+CLIENT_DP_MODES = ("off", "server-side", "client-side")
+CLIENT_DP = Option("client-dp", "off", "client-level DP through Flower's wrappers: off, server-side or client-side")
+CLIENT_DP_NOISE_MULTIPLIER = Option(
+    "client-dp-noise-multiplier", 1.0, "client-level DP: noise std / clipping norm on the sum of updates", minimum=0
+)
+CLIENT_DP_CLIPPING_NORM = Option("client-dp-clipping-norm", 1.0, "client-level DP: L2 bound of each client's update")
+#: The client-level settings; the registry declares them for every method.
+OPTIONS = (CLIENT_DP, CLIENT_DP_NOISE_MULTIPLIER, CLIENT_DP_CLIPPING_NORM)
+
+
+def client_dp_mode(config: RunConfig) -> str:
+    return str(CLIENT_DP.of(config))
+
+
+def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None) -> None:
+    """Refuse, before anything starts, client-level DP a method cannot have."""
+    mode = client_dp_mode(config)
+    if mode not in CLIENT_DP_MODES:
+        raise FedcondError(f"unknown client-dp '{mode}'; choose one of {', '.join(CLIENT_DP_MODES)}")
+    if mode == "off":
+        return
+    if CLIENT_DP_CLIPPING_NORM.of(config) <= 0:
+        raise FedcondError(f"client-dp-clipping-norm must be positive (got {CLIENT_DP_CLIPPING_NORM.of(config)})")
+    check_delta(DP_DELTA.of(config))
+    if strategy is None or not issubclass(strategy, FedcondFedAvg):
+        raise FedcondError(
+            f"client-dp needs a server that averages one global model (fedavg, conditional, ditto); "
+            f"{config.method} does not: set client-dp=off"
+        )
+    model = build_run_model(config, dataset_spec(config.dataset).num_classes, conditioned=True)
+    if any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules()):
+        raise FedcondError(
+            f"client-dp adds noise to every array of the averaged model, and the {config.dataset} network's "
+            "BatchNorm running variances would turn negative; use digits, mnist or fashion-mnist, or client-dp=off"
+        )
+
+
+class _FedcondClientDp:
+    """What both wrappers need on top of Flower's (see the module docstring)."""
+
+    def aggregate_fit(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        raise_on_failures(failures, f"training round {server_round}", results)
+        uniform = [(proxy, FitRes(res.status, res.parameters, 1, res.metrics)) for proxy, res in results]
+        return super().aggregate_fit(server_round, uniform, failures)  # type: ignore[misc]
+
+
+class ServerSideClientDp(_FedcondClientDp, DifferentialPrivacyServerSideFixedClipping):
+    """Flower's server-side fixed clipping, failures and weights as fedcond needs them."""
+
+
+class ClientSideClientDp(_FedcondClientDp, DifferentialPrivacyClientSideFixedClipping):
+    """Flower's client-side fixed clipping (clients run ``fixedclipping_mod``), failures and weights
+    as fedcond needs them."""
+
+
+def with_client_dp(strategy: FedcondStrategy, config: RunConfig) -> Strategy:
+    """``strategy`` wrapped as ``client-dp`` says (itself when off)."""
+    mode = client_dp_mode(config)
+    if mode == "off":
+        return strategy
+    wrapper = ServerSideClientDp if mode == "server-side" else ClientSideClientDp
+    return wrapper(
+        strategy, CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config),
+        config.num_training_clients,
+    )  # fmt: skip
+
+
+def describe(config: RunConfig) -> dict[str, object] | None:
+    """What run.json records of the client-level settings (None: off)."""
+    mode = client_dp_mode(config)
+    if mode == "off":
+        return None
+    noise, clip = CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config)
+    clients, delta = config.num_training_clients, DP_DELTA.of(config)
+    by_round = [gaussian_rounds_epsilon(noise, rounds, delta) for rounds in range(1, config.num_server_rounds + 1)]
+    flower_wrapper = (ServerSideClientDp if mode == "server-side" else ClientSideClientDp).__bases__[1]
+    return {
+        "unit": "one client (all its samples, every round)",
+        "mode": mode,
+        "wrapper": f"flwr.server.strategy.{flower_wrapper.__name__}",
+        "noise_multiplier": noise,
+        "clipping_norm": clip,
+        "clients_per_round": clients,
+        "noise_std_on_the_average": compute_stdv(noise, clip, clients),
+        "averaging": "unweighted (each client's clipped update counts 1 / clients)",
+        "delta": delta,
+        # None, not Infinity: run.json stays strict JSON (no noise: no finite epsilon).
+        "epsilon_by_round": [round(value, 6) if value != float("inf") else None for value in by_round],
+    }

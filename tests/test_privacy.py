@@ -1,0 +1,373 @@
+"""Privacy: the fingerprint reconstruction attack, DP-SGD (Opacus), the DP fingerprint's sensitivity
+bounds, the accounting, client-level DP through Flower's wrappers, and what the registry refuses."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedcond import fingerprint as fp
+from fedcond import privacy
+from fedcond.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
+from fedcond.client_data import client_fingerprint, load_client_data
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.models import build_model, build_run_model, get_weights
+from fedcond.training import DpSgd, ProximalTerm, TrainSettings, train, train_private
+from strategies.registry import check_run, run_config
+
+# Two clusters of one client each on digits, one local epoch: ~70 training samples per client.
+SMALL = {"num-clusters": 2, "clients-per-cluster": 1, "local-epochs": 1}
+
+
+def small_config(**changes: object) -> RunConfig:
+    return run_config({**SMALL, **changes}).resolved()
+
+
+def federation(config: RunConfig):
+    """Every client's data and the z-score the secure sum would publish (mean, std of raw fingerprints)."""
+    clients = [load_client_data(config, partition) for partition in range(config.num_clients)]
+    raws = np.array([client_fingerprint(config, data) for data in clients])
+    return clients, raws, raws.mean(axis=0), raws.std(axis=0)
+
+
+# -- the attack ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("conditioning", ["concat", "film", "hyper"])
+def test_one_plain_update_gives_the_server_the_clients_fingerprint(conditioning):
+    config = small_config(conditioning=conditioning)
+    clients, raws, mean, std = federation(config)
+    data = clients[0]
+    fed = fp.standardise(raws[0], mean, std)
+    model = build_run_model(config, data.num_classes, conditioned=True)
+    sent = get_weights(model)
+    train(model, data.train_x, data.train_y, fed, TrainSettings.of(config), seed=0)
+
+    recovered = reconstruct_condition(model, sent, get_weights(model))
+
+    assert cosine_similarity(recovered, fed) > 0.99
+    assert relative_error(recovered, fed) < 1e-4  # float32 training, float64 algebra
+    # The published z-score undone: the raw eigenvalues themselves.
+    assert relative_error(undo_zscore(recovered, mean, std), raws[0]) < 1e-4
+
+
+def test_on_an_aggregate_the_attack_returns_a_mixture_of_the_clients_fingerprints():
+    config = small_config(**{"num-clusters": 3})  # (two clients' z-scores would be s and -s)
+    clients, raws, mean, std = federation(config)
+    template = build_run_model(config, clients[0].num_classes, conditioned=True)
+    sent = get_weights(template)
+    returned, fingerprints = [], []
+    for data, raw in zip(clients, raws, strict=True):
+        model = build_run_model(config, data.num_classes, conditioned=True)
+        fingerprints.append(fp.standardise(raw, mean, std))
+        train(model, data.train_x, data.train_y, fingerprints[-1], TrainSettings.of(config), seed=data.partition_id)
+        returned.append(get_weights(model))
+    average = [np.mean(arrays, axis=0) for arrays in zip(*returned, strict=True)]
+
+    mixed = reconstruct_condition(template, sent, average)
+
+    # In the span of the two fingerprints (what the formula implies), and not either of them.
+    basis = np.stack(fingerprints, axis=1)
+    coefficients = np.linalg.lstsq(basis, mixed, rcond=None)[0]
+    assert relative_error(basis @ coefficients, mixed) < 1e-4
+    # (Aggregation alone is no guarantee: with three clients one of them was measured at cosine 0.95.)
+    assert all(abs(cosine_similarity(mixed, one)) < 0.999 for one in fingerprints)
+
+
+def test_the_attack_refuses_an_unconditioned_model_and_a_foreign_update():
+    model = build_model((1, 8, 8), 10, condition_dim=0, seed=0)
+    with pytest.raises(FedcondError, match="not conditioned"):
+        reconstruct_condition(model, get_weights(model), get_weights(model))
+    conditioned = build_model((1, 8, 8), 10, condition_dim=4, seed=0)
+    with pytest.raises(FedcondError, match="arrays of this model"):
+        reconstruct_condition(conditioned, get_weights(model), get_weights(conditioned))
+
+
+# -- DP-SGD through Opacus -------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+@pytest.mark.parametrize("conditioning", ["concat", "film", "hyper"])
+def test_opacus_per_sample_gradients_add_up_to_the_batch_gradient(conditioning):
+    from opacus import GradSampleModule
+
+    privacy.per_sample_gradient_layers()
+    model = build_model((1, 8, 8), 10, condition_dim=4, seed=0, conditioning=conditioning)
+    generator = torch.Generator().manual_seed(0)
+    images, labels = torch.rand((6, 1, 8, 8), generator=generator), torch.randint(0, 10, (6,), generator=generator)
+    condition = torch.randn((1, 4), generator=generator)
+    wrapped = GradSampleModule(model, loss_reduction="sum")
+    nn.functional.cross_entropy(wrapped(images, condition), labels, reduction="sum").backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad_sample.shape == (6, *parameter.shape), name
+        torch.testing.assert_close(parameter.grad_sample.sum(dim=0), parameter.grad, rtol=1e-4, atol=1e-5)
+    wrapped.cleanup()
+
+
+def test_dp_sgd_trains_accounts_and_leaves_the_model_reusable():
+    config = small_config()
+    data = load_client_data(config, 0)
+    model = build_run_model(config, data.num_classes, conditioned=False)
+    before = get_weights(model)
+    ledger = privacy.PrivacyLedger()
+    settings = TrainSettings.of(config)
+    loss = train_private(model, data.train_x, data.train_y, None, settings, DpSgd(1.0, 1.0), ledger)
+
+    steps_per_epoch = math.ceil(len(data.train_y) / settings.batch_size)
+    assert ledger.entries == [(1.0, 1 / steps_per_epoch, steps_per_epoch * settings.epochs)]
+    assert math.isfinite(loss)
+    after = get_weights(model)
+    assert all(np.isfinite(array).all() for array in after)
+    assert any(not np.array_equal(old, new) for old, new in zip(before, after, strict=True))
+    # Opacus's hooks and per-sample attributes are gone: plain training works on the same model.
+    assert not any(hasattr(parameter, "grad_sample") for parameter in model.parameters())
+    assert not any(module._forward_hooks or module._backward_hooks for module in model.modules())
+    train(model, data.train_x, data.train_y, None, settings, seed=0)
+    # Twice the training, more epsilon.
+    first = ledger.epsilon(1e-5)
+    train_private(model, data.train_x, data.train_y, None, settings, DpSgd(1.0, 1.0), ledger)
+    assert 0 < first < ledger.epsilon(1e-5) < math.inf
+
+
+def test_dp_sgd_with_a_proximal_term_pulls_towards_the_anchor():
+    config = small_config()
+    data = load_client_data(config, 0)
+    anchor = build_run_model(config, data.num_classes, conditioned=False)
+    model = build_run_model(config, data.num_classes, conditioned=False, seed=1)
+
+    def distance() -> float:
+        with torch.no_grad():
+            pairs = zip(model.parameters(), anchor.parameters(), strict=True)
+            return sum(float((own - fixed).pow(2).sum()) for own, fixed in pairs)
+
+    start = distance()
+    settings = TrainSettings(epochs=1, batch_size=16, learning_rate=0.05, momentum=0.0)
+    # Almost no noise and a strong pull: the model moves towards the anchor.
+    train_private(
+        model, data.train_x, data.train_y, None, settings, DpSgd(1e-3, 1e-3), privacy.PrivacyLedger(),
+        ProximalTerm(anchor, strength=5.0),
+    )  # fmt: skip
+    assert distance() < 0.5 * start
+
+
+def test_clipping_alone_leaves_the_attack_exact_and_noise_degrades_it():
+    config = small_config()
+    clients, raws, mean, std = federation(config)
+    data, fed = clients[0], fp.standardise(raws[0], mean, std)
+
+    def attacked(noise_multiplier: float) -> float:
+        model = build_run_model(config, data.num_classes, conditioned=True)
+        sent = get_weights(model)
+        settings = TrainSettings.of(config)
+        train_private(
+            model, data.train_x, data.train_y, fed, settings, DpSgd(noise_multiplier, 1.0), privacy.PrivacyLedger()
+        )
+        return cosine_similarity(reconstruct_condition(model, sent, get_weights(model)), fed)
+
+    # Clipped per-sample gradients still share the outer-product structure: exact.
+    assert attacked(0.0) > 0.999
+    # With noise 2 (one epoch) the reconstruction is far off (measured ~0.1-0.4); a loose bound.
+    assert np.mean([attacked(2.0) for _ in range(3)]) < 0.8
+
+
+# -- the DP fingerprint: sensitivity, calibration, accounting ---------------------------------------
+def eigen_of(rows: np.ndarray, dim: int) -> np.ndarray:
+    return fp.covariance_eigenvalues(rows, dim)
+
+
+def random_rows(rng: np.random.Generator, count: int, pixels: int, classes: int) -> np.ndarray:
+    images = rng.random((count, pixels)) ** rng.uniform(0.2, 5)  # from near-binary to near-zero pixels
+    return fp.feature_matrix(images, rng.integers(0, classes, count), classes)
+
+
+@pytest.mark.parametrize("dim", [1, 4, 32])
+def test_eigen_sensitivity_bound_holds_for_the_worst_cases_and_random_neighbours(dim):
+    pixels, classes = 16, 4
+    corner = np.concatenate([np.zeros(pixels), np.eye(classes)[0]])
+    opposite = np.concatenate([np.ones(pixels), np.eye(classes)[1]])
+    rng = np.random.default_rng(0)
+    worst_ratio = 0.0
+    for count in (3, 4, 6, 10, 25, 60):
+        bound = privacy.fingerprint_sensitivity("eigen", count, pixels, classes, dim)
+        neighbours = [
+            # All rows on one corner, then one on the opposite corner: the added row's full weight.
+            (np.tile(corner, (count, 1)), opposite),
+            (np.tile(corner, (count - 1, 1)), opposite),
+            # The data split between the two corners (the largest variance), a row added at either one.
+            (np.array([corner, opposite] * (count // 2) + [corner] * (count % 2)), opposite),
+            (np.array([corner, opposite] * (count // 2) + [corner] * (count % 2)), corner),
+            (np.array([corner, opposite] * ((count - 1) // 2) + [corner] * ((count - 1) % 2)), opposite),
+        ]
+        for _ in range(40):
+            rows = random_rows(rng, count, pixels, classes)
+            neighbours.append((rows, random_rows(rng, 1, pixels, classes)[0]))
+            neighbours.append((rows[:-1], rows[-1]))  # removing a sample of a client holding `count`
+        for smaller, extra in neighbours:
+            if len(smaller) < 2:
+                continue
+            larger = np.vstack([smaller, extra])
+            # The client holds `count`; its neighbour one more or one fewer: both pairs are covered.
+            if not count - 1 <= len(smaller) <= count:
+                continue
+            change = np.linalg.norm(eigen_of(larger, dim) - eigen_of(smaller, dim))
+            assert change <= bound * (1 + 1e-9), (count, len(smaller), change, bound)
+            worst_ratio = max(worst_ratio, change / bound)
+    # Not vacuous: the constructed cases come within a factor ~2 of the bound.
+    assert worst_ratio > 0.4
+
+
+@pytest.mark.parametrize("name", ["class-eigen", "class-mean", "label-cov"])
+def test_other_fingerprints_stay_within_their_bounds(name):
+    pixels, classes, dim = 16, 4, 8
+    rng = np.random.default_rng(1)
+    for count in (3, 5, 12, 40):
+        bound = privacy.fingerprint_sensitivity(name, count, pixels, classes, dim)
+        for trial in range(40):
+            images = rng.random((count + 1, pixels)) ** rng.uniform(0.2, 5)
+            labels = rng.integers(0, classes, count + 1)
+            if trial % 4 == 0:  # a class held by the extra sample alone (0 -> 1 member)
+                labels[:-1] = rng.integers(0, classes - 1, count)
+                labels[-1] = classes - 1
+            if trial % 4 == 1:  # binary pixels at opposite corners
+                images = np.round(images)
+                images[-1] = 1 - images[0]
+            sample_bigger = fp.ClientSample(images, labels, classes, dim)
+            sample_smaller = fp.ClientSample(images[:-1], labels[:-1], classes, dim)
+            change = np.linalg.norm(
+                fp.compute_fingerprint(name, sample_bigger) - fp.compute_fingerprint(name, sample_smaller)
+            )
+            assert change <= bound * (1 + 1e-9), (name, count, trial, change, bound)
+
+
+def test_sensitivity_needs_three_samples_and_a_bounded_fingerprint():
+    with pytest.raises(FedcondError, match="at least 3 training samples"):
+        privacy.fingerprint_sensitivity("eigen", 2, 16, 4, 8)
+    with pytest.raises(FedcondError, match="no sensitivity bound"):
+        privacy.fingerprint_sensitivity("random-id", 50, 16, 4, 8)
+    # More samples, less sensitivity (about 1.35 (p + 2) / n for large n).
+    bounds = [privacy.fingerprint_sensitivity("eigen", count, 64, 10, 32) for count in (10, 100, 1000)]
+    assert bounds[0] > bounds[1] > bounds[2] and bounds[2] == pytest.approx(1.354 * 66 / 999, rel=0.01)
+
+
+def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd():
+    multiplier = privacy.gaussian_noise_multiplier(1.0, 1e-5)
+    ledger = privacy.PrivacyLedger()
+    ledger.add(multiplier, 1.0, 1)
+    assert ledger.epsilon(1e-5) == pytest.approx(1.0, abs=0.01)
+    assert privacy.gaussian_noise_multiplier(4.0, 1e-5) < multiplier
+    # The noise has the stated scale: 1024 draws around a zero fingerprint.
+    settings = privacy.SampleLevelPrivacy(0.0, 1.0, 1e-5, 1.0)
+    images = np.random.default_rng(0).random((200, 1, 8, 8))
+    labels = np.arange(200) % 10
+    release = privacy.private_fingerprint(np.zeros(1024), "eigen", images, labels, 10, 1024, settings)
+    assert release.noise_std == pytest.approx(multiplier * release.sensitivity)
+    assert np.std(release.vector) == pytest.approx(release.noise_std, rel=0.1)
+    # Composition under Renyi DP: more than either part, less than their sum.
+    sgd = privacy.PrivacyLedger([(1.0, 0.2, 50)])
+    both = privacy.PrivacyLedger([*ledger.entries, *sgd.entries])
+    parts = (ledger.epsilon(1e-5), sgd.epsilon(1e-5))
+    assert max(parts) < both.epsilon(1e-5) < sum(parts)
+    assert privacy.PrivacyLedger.from_record(both.to_record()) == both
+    with pytest.raises(FedcondError, match=r"pixels in \[0, 1\]"):
+        privacy.private_fingerprint(np.zeros(4), "eigen", images * 2, labels, 10, 4, settings)
+
+
+# -- what is refused before anything starts --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"method": "ifca", "dp-noise-multiplier": 1.0}, "also send a choice"),
+        ({"method": "fedavg", "dataset": "cifar10", "dp-noise-multiplier": 1.0}, "BatchNorm"),
+        ({"dp-noise-multiplier": 1.0}, "needs fingerprint-epsilon > 0"),
+        ({"method": "fedavg", "fingerprint-epsilon": 1.0}, "feeds no fingerprint"),
+        ({"fingerprint": "random-id", "fingerprint-epsilon": 1.0}, "reads no training sample"),
+        ({"fingerprint-encoder": "mnist", "fingerprint-epsilon": 1.0}, "fingerprint-encoder=pixels"),
+        ({"dp-delta": 0.0}, r"dp-delta must be in \(0, 1\)"),
+        ({"dp-max-grad-norm": 0.0}, "dp-max-grad-norm must be positive"),
+        ({"client-dp": "central"}, "unknown client-dp 'central'"),
+        ({"method": "gossip", "client-dp": "server-side"}, "averages one global model"),
+        ({"client-dp": "client-side", "client-dp-clipping-norm": 0.0}, "client-dp-clipping-norm must be positive"),
+        ({"method": "fedavg", "dataset": "cifar10", "client-dp": "server-side"}, "BatchNorm"),
+        ({"method": "pooled-global", "dp-noise-multiplier": 1.0}, "federated methods only"),
+    ],
+)
+def test_dp_settings_a_run_cannot_honour_are_refused_in_one_line(settings, message):
+    with pytest.raises(FedcondError, match=message) as error:
+        check_run(run_config(settings))
+    assert "\n" not in str(error.value)
+
+
+def test_dp_settings_that_hold_are_accepted():
+    for settings in (
+        {"method": "fedavg", "dp-noise-multiplier": 1.0},
+        {"dp-noise-multiplier": 1.0, "fingerprint-epsilon": 2.0, "conditioning": "hyper"},
+        {"method": "ditto", "client-dp": "client-side", "dp-noise-multiplier": 0.5},
+        {"fingerprint": "label-cov", "fingerprint-epsilon": 1.0},
+        {"fingerprint": "random-id", "dp-noise-multiplier": 1.0},  # a data-free fingerprint needs no noise
+    ):
+        check_run(run_config(settings))
+
+
+# -- through Flower ----------------------------------------------------------------------------------
+def read_run(results: Path) -> tuple[list[dict[str, str]], dict]:
+    (folder,) = results.iterdir()
+    with (folder / "history.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    return rows, json.loads((folder / "run.json").read_text())
+
+
+def test_dp_sgd_run_reports_a_growing_epsilon_and_withholds_the_training_loss(tmp_path):
+    from strategies.simulation import simulate
+
+    config = run_config({
+        **SMALL, "num-server-rounds": 2, "dp-noise-multiplier": 1.0, "fingerprint-epsilon": 4.0,
+        "results-dir": str(tmp_path / "results"), "verbose": False,
+    })  # fmt: skip
+    simulate(config)
+    rows, info = read_run(tmp_path / "results")
+    assert info["status"] == "finished" and len(rows) == 2
+    epsilons = [float(row["epsilon"]) for row in rows]
+    assert 4.0 < epsilons[0] < epsilons[1] < math.inf  # the fingerprint's 4, then the DP-SGD steps on top
+    assert all(math.isnan(float(row["train_loss"])) for row in rows)
+    assert all(0 <= float(row["accuracy"]) <= 1 for row in rows)
+    sample_level = info["privacy"]["sample_level"]
+    assert sample_level["dp_sgd"]["noise_multiplier"] == 1.0 and sample_level["fingerprint"]["epsilon"] == 4.0
+    assert info["privacy"]["client_level"] is None
+
+
+@pytest.mark.parametrize("mode", ["server-side", "client-side"])
+def test_client_level_dp_clips_every_update_and_keeps_the_history(tmp_path, mode):
+    from strategies.simulation import simulate
+
+    # No noise and a clipping norm of 1e-9: the global model cannot move, so both rounds evaluate
+    # the same model (without clipping round 2's accuracy differs).
+    config = run_config({
+        **SMALL, "method": "fedavg", "num-server-rounds": 2, "client-dp": mode, "client-dp-noise-multiplier": 0.0,
+        "client-dp-clipping-norm": 1e-9, "results-dir": str(tmp_path / "results"), "verbose": False,
+    })  # fmt: skip
+    simulate(config)
+    rows, info = read_run(tmp_path / "results")
+    assert info["status"] == "finished" and [int(row["round"]) for row in rows] == [1, 2]
+    assert rows[0]["accuracy"] == rows[1]["accuracy"] and rows[0]["loss"] == rows[1]["loss"]
+    assert all(int(row["bytes_up"]) > 0 and math.isfinite(float(row["train_loss"])) for row in rows)
+    assert math.isnan(float(rows[0]["epsilon"]))  # no sample-level DP
+    client_level = info["privacy"]["client_level"]
+    assert client_level["mode"] == mode and client_level["clipping_norm"] == 1e-9
+    assert client_level["clients_per_round"] == 2 and client_level["epsilon_by_round"] == [None, None]
+
+
+def test_client_level_dp_stops_on_a_client_error_with_its_reason():
+    from flwr.common import Code, FitRes, Parameters, Status
+
+    from fedcond.messages import ERROR
+    from strategies.base import StrategyInputs
+    from strategies.client_dp import ServerSideClientDp
+    from strategies.fedavg import FedcondFedAvg
+
+    config = small_config(method="fedavg")
+    strategy = ServerSideClientDp(FedcondFedAvg(StrategyInputs(config, 10, False, None)), 1.0, 1.0, 2)
+    failed = FitRes(Status(Code.OK, ""), Parameters(tensors=[], tensor_type="numpy.ndarray"), 0, {ERROR: "disk full"})
+    with pytest.raises(FedcondError, match="failed in training round 1: disk full"):
+        strategy.aggregate_fit(1, [(None, failed)], [])
