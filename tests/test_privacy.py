@@ -9,16 +9,36 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from flwr.common import (
+    Code,
+    Context,
+    FitIns,
+    FitRes,
+    Message,
+    MessageType,
+    Parameters,
+    RecordDict,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.compat.common import recorddict_compat as compat
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from torch import nn
 
+from clients.clipping import client_dp_clipping_mod
 from fedcond import fingerprint as fp
 from fedcond import privacy
 from fedcond.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
 from fedcond.client_data import client_fingerprint, load_client_data
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.messages import ERROR
 from fedcond.models import build_model, build_run_model, get_weights
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, train, train_private
+from strategies.base import StrategyInputs
+from strategies.client_dp import ServerSideClientDp
+from strategies.fedavg import FedcondFedAvg
 from strategies.registry import check_run, run_config
 
 # Two clusters of one client each on digits, one local epoch: ~70 training samples per client.
@@ -359,15 +379,35 @@ def test_client_level_dp_clips_every_update_and_keeps_the_history(tmp_path, mode
 
 
 def test_client_level_dp_stops_on_a_client_error_with_its_reason():
-    from flwr.common import Code, FitRes, Parameters, Status
-
-    from fedcond.messages import ERROR
-    from strategies.base import StrategyInputs
-    from strategies.client_dp import ServerSideClientDp
-    from strategies.fedavg import FedcondFedAvg
-
     config = small_config(method="fedavg")
     strategy = ServerSideClientDp(FedcondFedAvg(StrategyInputs(config, 10, False, None)), 1.0, 1.0, 2)
     failed = FitRes(Status(Code.OK, ""), Parameters(tensors=[], tensor_type="numpy.ndarray"), 0, {ERROR: "disk full"})
     with pytest.raises(FedcondError, match="failed in training round 1: disk full"):
         strategy.aggregate_fit(1, [(None, failed)], [])
+
+
+def test_the_clipping_mod_clips_where_the_server_asks_and_passes_client_errors_on():
+    sent = [np.zeros(3), np.zeros(2)]
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+
+    def instruction(config: dict) -> Message:
+        content = compat.fitins_to_recorddict(FitIns(ndarrays_to_parameters(sent), config), keep_input=True)
+        return Message(content, dst_node_id=1, message_type=MessageType.TRAIN)
+
+    def client(arrays: list[np.ndarray], metrics: dict):
+        def answer(message: Message, _context: Context) -> Message:
+            res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 10, metrics)
+            return message.create_reply(compat.fitres_to_recorddict(res, keep_input=True))
+
+        return answer
+
+    def returned(reply: Message) -> list[np.ndarray]:
+        return parameters_to_ndarrays(compat.recorddict_to_fitres(reply.content, keep_input=True).parameters)
+
+    update = [np.full(3, 3.0), np.full(2, 4.0)]  # norm sqrt(27 + 32)
+    clipped = returned(client_dp_clipping_mod(instruction({KEY_CLIPPING_NORM: 1.0}), context, client(update, {})))
+    assert np.sqrt(sum(float((array**2).sum()) for array in clipped)) == pytest.approx(1.0)
+    untouched = returned(client_dp_clipping_mod(instruction({}), context, client(update, {})))
+    assert all(np.array_equal(a, b) for a, b in zip(untouched, update, strict=True))
+    failed = client_dp_clipping_mod(instruction({KEY_CLIPPING_NORM: 1.0}), context, client([], {ERROR: "no data"}))
+    assert compat.recorddict_to_fitres(failed.content, keep_input=True).metrics[ERROR] == "no data"
