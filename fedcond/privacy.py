@@ -238,8 +238,17 @@ class PrivacyLedger:
     entries: list[tuple[float, float, int]] = field(default_factory=list)
 
     def add(self, noise_multiplier: float, sample_rate: float, steps: int) -> None:
-        if steps > 0:
-            self.entries.append((float(noise_multiplier), float(sample_rate), int(steps)))
+        """Record ``steps`` runs of one mechanism. Renyi DP composes by addition, in any order, so steps
+        of a mechanism already recorded join its entry: the ledger, and the cost of ``epsilon``, stay
+        the size of the number of distinct mechanisms (not of rounds)."""
+        if steps <= 0:
+            return
+        mechanism = (float(noise_multiplier), float(sample_rate))
+        for index, (z, q, earlier) in enumerate(self.entries):
+            if (z, q) == mechanism:
+                self.entries[index] = (z, q, earlier + int(steps))
+                return
+        self.entries.append((*mechanism, int(steps)))
 
     def epsilon(self, delta: float) -> float:
         """The composed epsilon of every entry at ``delta`` (0 with none)."""

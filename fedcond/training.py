@@ -209,7 +209,13 @@ def train_private(
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             epoch_loss = _private_epochs(model, optimiser, private_loader, cond, settings, criterion, proximal)
     finally:
-        hooks.cleanup()  # the model may be reused for plain evaluation or training in this process
+        # The model may be reused for plain evaluation or training in this process: no hooks, and
+        # none of the last batch's inputs or sums Opacus leaves on modules and parameters.
+        hooks.cleanup()
+        for module in model.modules():
+            module.__dict__.pop("activations", None)
+        for parameter in model.parameters():
+            parameter.__dict__.pop("summed_grad", None)
     for noise_multiplier, sample_rate, steps in engine.accountant.history:
         ledger.add(noise_multiplier, sample_rate, steps)
     return epoch_loss

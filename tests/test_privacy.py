@@ -142,13 +142,18 @@ def test_dp_sgd_trains_accounts_and_leaves_the_model_reusable():
     assert all(np.isfinite(array).all() for array in after)
     assert any(not np.array_equal(old, new) for old, new in zip(before, after, strict=True))
     # Opacus's hooks and per-sample attributes are gone: plain training works on the same model.
-    assert not any(hasattr(parameter, "grad_sample") for parameter in model.parameters())
-    assert not any(module._forward_hooks or module._backward_hooks for module in model.modules())
+    assert not any(
+        hasattr(parameter, "grad_sample") or hasattr(parameter, "summed_grad") for parameter in model.parameters()
+    )
+    assert not any(
+        module._forward_hooks or module._backward_hooks or hasattr(module, "activations") for module in model.modules()
+    )
     train(model, data.train_x, data.train_y, None, settings, seed=0)
-    # Twice the training, more epsilon.
+    # Twice the training, more epsilon; the same mechanism's steps join one entry.
     first = ledger.epsilon(1e-5)
     train_private(model, data.train_x, data.train_y, None, settings, DpSgd(1.0, 1.0), ledger)
     assert 0 < first < ledger.epsilon(1e-5) < math.inf
+    assert ledger.entries == [(1.0, 1 / steps_per_epoch, 2 * steps_per_epoch * settings.epochs)]
 
 
 def test_dp_sgd_with_a_proximal_term_pulls_towards_the_anchor():
