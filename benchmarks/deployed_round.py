@@ -49,8 +49,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from overhead import FLOOR_APP, FLOOR_PYPROJECT  # noqa: E402
 
+from fedcond.client_data import export_partitions  # noqa: E402
 from fedcond.config import RunConfig  # noqa: E402
-from fedcond.tools.deploy import LocalDeployment  # noqa: E402
+from fedcond.tools.deploy import LocalDeployment, sigterm_as_interrupt  # noqa: E402
 from fedcond.tools.flwr_commands import app_directory, prepare  # noqa: E402
 from fedcond.tools.processes import tagged  # noqa: E402
 
@@ -271,12 +272,57 @@ def print_phases(label: str, logs: list[Path], since: float, until: float) -> No
               "(other nodes, the server's 3 s pull, aggregation, the node's 3 s poll)")  # fmt: skip
 
 
+def deployed_rounds(
+    deployment: LocalDeployment, floor: Path, config: RunConfig, args: argparse.Namespace, workdir: Path
+) -> None:
+    """Part 2 (and 3 with --profile): both apps through `flwr run` on the same SuperLink and SuperNodes."""
+    deployment.start(config, args.nodes)
+    os.environ.pop("FLWR_LOG_LEVEL", None)
+    print(f"\n== deployed rounds: {args.nodes} SuperNodes, {args.rounds} rounds, TLS, authenticated nodes")
+    seconds: dict[str, list[list[float]]] = defaultdict(list)
+    windows: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for repeat in range(args.repeats):
+        for name in ("floor", "fedcond"):
+            begin = time.time()
+            if name == "floor":
+                run_config = {"num-server-rounds": args.rounds, "num-supernodes-hint": args.nodes}
+                wall, cpu = submit_and_wait(deployment, floor, run_config, f"floor-{repeat}")
+                rounds = floor_round_seconds(deployment.processes.log_path(f"floor-{repeat}"))
+            else:
+                results = workdir / f"results-{repeat}"
+                settings = [f"num-clusters={args.nodes}", "clients-per-cluster=1", "verbose=false",
+                            f"num-server-rounds={args.rounds}", f"results-dir={results}"]  # fmt: skip
+                _, overrides = prepare(settings)
+                wall, cpu = submit_and_wait(deployment, app_directory(), overrides, f"fedcond-{repeat}")
+                rounds = fedcond_round_seconds(results)
+            if len(rounds) != args.rounds:
+                folder = deployment.processes.log_folder
+                raise SystemExit(f"{name} run {repeat}: {len(rounds)} of {args.rounds} rounds; see {folder}")
+            seconds[name].append(rounds)
+            windows[name].append((begin, time.time()))
+            print(f"   {name:8s} run {repeat}: rounds " + ", ".join(f"{s:.1f}" for s in rounds)
+                  + f" s; whole flwr run {wall:.1f} s, {cpu:.1f} CPU s in the deployment's processes; {load()}",
+                  flush=True)  # fmt: skip
+    later = {name: [s for run in runs for s in run[1:]] for name, runs in seconds.items()}
+    if all(later.values()):
+        floor_mean, fedcond_mean = statistics.mean(later["floor"]), statistics.mean(later["fedcond"])
+        print(f"   rounds 2..: floor {floor_mean:.1f} s, fedcond {fedcond_mean:.1f} s per round; "
+              f"ratio {fedcond_mean / floor_mean:.2f}")  # fmt: skip
+    if args.profile:
+        print("\n== message phases at the SuperNodes (DEBUG timestamps)")
+        logs = [deployment.processes.log_path(f"supernode-{i}") for i in range(args.nodes)]
+        for name, spans in windows.items():
+            for begin, end in spans:
+                print_phases(name, logs, begin, end)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1, help="runs of each app, alternating")
     parser.add_argument("--cold-repeats", type=int, default=3, help="fresh processes per cold message (0: skip)")
+    parser.add_argument("--no-rounds", action="store_true", help="the cold messages alone (CPU seconds, quick)")
     parser.add_argument("--profile", action="store_true", help="DEBUG logs on the nodes, message phases printed")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
     args = parser.parse_args()
@@ -286,49 +332,14 @@ def main() -> None:
     config = RunConfig(num_clusters=args.nodes, clients_per_cluster=1)
     if args.profile:
         os.environ["FLWR_LOG_LEVEL"] = "DEBUG"  # the deployment's processes inherit it
-    with LocalDeployment(workdir / "deployment") as deployment:
-        deployment.start(config, args.nodes)
-        os.environ.pop("FLWR_LOG_LEVEL", None)
+    # Ctrl+C and SIGTERM (also when started in the background) stop every process the deployment started.
+    with sigterm_as_interrupt(), LocalDeployment(workdir / "deployment") as deployment:
         if args.cold_repeats:
-            partition_file = deployment.nodes[0].partition_file
+            partition_file = export_partitions(config, workdir / "partitions")[0]
             cold_messages({"floor": floor, "fedcond": app_directory()}, workdir, partition_file, args.nodes,
                           args.cold_repeats)  # fmt: skip
-        print(f"\n== deployed rounds: {args.nodes} SuperNodes, {args.rounds} rounds, TLS, authenticated nodes")
-        seconds: dict[str, list[list[float]]] = defaultdict(list)
-        windows: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        for repeat in range(args.repeats):
-            for name in ("floor", "fedcond"):
-                begin = time.time()
-                if name == "floor":
-                    run_config = {"num-server-rounds": args.rounds, "num-supernodes-hint": args.nodes}
-                    wall, cpu = submit_and_wait(deployment, floor, run_config, f"floor-{repeat}")
-                    rounds = floor_round_seconds(deployment.processes.log_path(f"floor-{repeat}"))
-                else:
-                    results = workdir / f"results-{repeat}"
-                    settings = [f"num-clusters={args.nodes}", "clients-per-cluster=1", "verbose=false",
-                                f"num-server-rounds={args.rounds}", f"results-dir={results}"]  # fmt: skip
-                    _, overrides = prepare(settings)
-                    wall, cpu = submit_and_wait(deployment, app_directory(), overrides, f"fedcond-{repeat}")
-                    rounds = fedcond_round_seconds(results)
-                if len(rounds) != args.rounds:
-                    folder = deployment.processes.log_folder
-                    raise SystemExit(f"{name} run {repeat}: {len(rounds)} of {args.rounds} rounds; see {folder}")
-                seconds[name].append(rounds)
-                windows[name].append((begin, time.time()))
-                print(f"   {name:8s} run {repeat}: rounds " + ", ".join(f"{s:.1f}" for s in rounds)
-                      + f" s; whole flwr run {wall:.1f} s, {cpu:.1f} CPU s in the deployment's processes; {load()}",
-                      flush=True)  # fmt: skip
-        later = {name: [s for run in runs for s in run[1:]] for name, runs in seconds.items()}
-        if all(later.values()):
-            floor_mean, fedcond_mean = statistics.mean(later["floor"]), statistics.mean(later["fedcond"])
-            print(f"   rounds 2..: floor {floor_mean:.1f} s, fedcond {fedcond_mean:.1f} s per round; "
-                  f"ratio {fedcond_mean / floor_mean:.2f}")  # fmt: skip
-        if args.profile:
-            print("\n== message phases at the SuperNodes (DEBUG timestamps)")
-            logs = [deployment.processes.log_path(f"supernode-{i}") for i in range(args.nodes)]
-            for name, spans in windows.items():
-                for begin, end in spans:
-                    print_phases(name, logs, begin, end)
+        if not args.no_rounds:
+            deployed_rounds(deployment, floor, config, args, workdir)
     print(f"\nafter: {load()}")
     if args.keep:
         print(f"work folder kept: {workdir}")
