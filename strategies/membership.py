@@ -35,7 +35,7 @@ from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
 from fedcond.messages import CLUSTER, PARTITION_ID, STEP, STEP_IDENTITY
 from fedcond.participation import RoundParticipation
-from strategies.federation import ask_each, classify_failure
+from strategies.federation import ask_all, ask_each, classify_failure
 
 NODE_CONFIG_FIX = "give each SuperNode its own --node-config partition-id=..."
 
@@ -104,11 +104,8 @@ class Membership:
 
     def start(self, proxies: list[ClientProxy]) -> None:
         """Map every node of the starting federation; two nodes with one partition stop the run."""
-        answers = ask_each(proxies, {STEP: STEP_IDENTITY}, self.timeout)
-        for answer in answers:
-            if isinstance(answer, str):
-                raise FedcondError(f"a client failed to answer before round 1: {answer}")
-        claims = {proxy.cid: self._identity(answer) for proxy, answer in zip(proxies, answers, strict=True)}  # type: ignore[arg-type]
+        answers = ask_all(proxies, {STEP: STEP_IDENTITY}, self.timeout)
+        claims = {proxy.cid: self._identity(answer) for proxy, answer in zip(proxies, answers, strict=True)}
         doubles = sorted(partition for partition, count in Counter(claims.values()).items() if count > 1)
         if doubles:
             raise FedcondError(
