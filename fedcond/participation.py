@@ -102,19 +102,25 @@ class RoundParticipation:
             "clients_timed_out": outcomes.count(TIMED_OUT),
         }
 
-    def check(self, fraction: float, floor: int = 1, stage: str = "") -> None:
-        """Stop the run when too few clients can still answer this round (one line, naming the fix)."""
+    def check(self, fraction: float, floor: int = 1, stage: str = "", asking: bool = False) -> None:
+        """Stop the run when too few clients can still answer this round (one line, naming the fix).
+
+        ``asking``: checked before ``stage``'s instructions go out (only absent nodes have failed it
+        yet), rather than after its answers came back.
+        """
         needed = required_answers(fraction, len(self.asked), floor)
         possible = self.answered
         if possible >= needed:
             return
         with self._lock:
             first = self.failures[0] if self.failures else None
-        during = f" in {stage}" if stage else ""
+        if asking:
+            counted = f"{possible} of {len(self.asked)} clients are left to ask{f' in {stage}' if stage else ''}"
+        else:
+            counted = f"{possible} of {len(self.asked)} clients answered{f' in {stage}' if stage else ''}"
         rule = f"min-answered-fraction={fraction:g}" + (f" and one per cluster model ({floor})" if floor > 1 else "")
         why = f"; first: {first.line()}" if first else ""
         raise FedcondError(
-            f"round {self.round}: {possible} of {len(self.asked)} clients answered{during}, fewer than the {needed} "
-            f"that {rule} require{why}; every failure is listed in run.json: fix those clients or lower "
-            "min-answered-fraction"
+            f"round {self.round}: {counted}, fewer than the {needed} that {rule} require{why}; every failure is "
+            "listed in run.json: fix those clients or lower min-answered-fraction"
         )

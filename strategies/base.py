@@ -164,12 +164,12 @@ class FedcondStrategy(Strategy):
                 continue
             proxy = PartitionProxy(connected[partition], partition, self.participation, stage)
             instructions.append((proxy, instruction(parameters_for(partition, current), config)))
-        self.enforce_policy(stage)
+        self.enforce_policy(stage, asking=True)
         if not self.peer_to_peer:
             self.tracker.sent(sum(parameters_bytes(ins.parameters) for _, ins in instructions))
         return instructions
 
-    def enforce_policy(self, stage: str) -> None:
+    def enforce_policy(self, stage: str, asking: bool = False) -> None:
         """Report the round's new failures (terminal, ``run.json``); stop the run when too few
         clients are left to answer it."""
         failures = self.participation.new_failures()
@@ -178,7 +178,7 @@ class FedcondStrategy(Strategy):
         if self.inputs.config.verbose:
             for failure in failures:
                 print(f"fedcond: {failure.line()}", flush=True)
-        self.participation.check(MIN_ANSWERED_FRACTION.of(self.inputs.config), self.answer_floor(), stage)
+        self.participation.check(MIN_ANSWERED_FRACTION.of(self.inputs.config), self.answer_floor(), stage, asking)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager

@@ -218,6 +218,20 @@ def test_a_node_that_left_fails_before_it_is_asked_and_counts_once(tmp_path):
     assert record.accuracy == pytest.approx(0.75) and record.cluster_accuracy == {0: 0.75, 1: 0.75}
 
 
+def test_too_few_connected_nodes_stop_the_round_before_anything_is_sent():
+    strategy = strategy_for("fedavg")  # 0.8 of 4: all 4 needed
+    nodes = two_by_two()
+    manager = federation(nodes)
+    strategy.initialize_parameters(manager)
+    manager.unregister(nodes[0])
+    with pytest.raises(FedcondError) as error:
+        strategy.configure_fit(1, EMPTY, manager)
+    assert str(error.value).startswith(
+        "round 1: 3 of 4 clients are left to ask in fit, fewer than the 4 that min-answered-fraction=0.8 require; "
+        "first: round 1: partition 0 failed in fit: node left;"
+    )
+
+
 def test_oracle_keeps_a_silent_clusters_model_and_needs_one_answer_per_model():
     strategy = strategy_for("oracle", **{"min-answered-fraction": 0.0})
     manager = federation(two_by_two(p2="crashed", p3="crashed"))  # all of cluster 1
