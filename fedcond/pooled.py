@@ -155,6 +155,9 @@ def _train_and_record(
             bytes_up=0,
             cluster_accuracy=per_cluster,
             heldout_accuracy=heldout,
+            # In-process: every client's data is trained on and every client evaluates, none can fail.
+            clients_asked=len(clients),
+            clients_answered=len(clients),
         )
         recorder.add(record)
         if config.verbose:

@@ -9,7 +9,6 @@ import torch
 from fedcond.errors import FedcondError
 from fedcond.models import build_model, get_weights
 from fedcond.training import MomentumSGD, ProximalTerm, TrainSettings, evaluate, run_epochs, train
-from strategies.accounting import raise_on_failures
 
 
 def toy_data(n=64):
@@ -77,15 +76,3 @@ def test_nan_loss_stops_with_the_fix():
     model = build_model((1, 8, 8), 2, 0, seed=0)
     with pytest.raises(FedcondError, match="lower learning-rate"):
         train(model, images * 1e30, labels, None, TrainSettings(3, 16, 1e6, 0.9), seed=0)
-
-
-def test_client_failure_surfaces_the_clients_one_line_message():
-    wrapped = RuntimeError(
-        "ClientApp raised an exception\nTraceback (most recent call last):\n  File 'x.py'\n"
-        "fedcond.errors.FedcondError: training loss became nan; lower learning-rate (now 1000000.0)"
-    )
-    with pytest.raises(FedcondError) as error:
-        raise_on_failures([wrapped], "training round 3")
-    assert str(error.value) == (
-        "1 client(s) failed in training round 3: training loss became nan; lower learning-rate (now 1000000.0)"
-    )
