@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import signal
 import subprocess
@@ -362,35 +363,44 @@ def wait_for_rounds(folder: Path, rounds: int, submitter: subprocess.Popen[bytes
         time.sleep(1)
 
 
-# Needs the failure policy and membership of branch issue-14-failures (a round counts when >= 80% of
-# the asked nodes answer; history.csv says how many were asked, answered, failed and timed out).
-FAILURE_COLUMNS = ("asked", "answered", "failed", "timed_out")
+# history.csv's accounting of each round (the failure policy, docs/deployment.md "Failures and time limits").
+FAILURE_COLUMNS = ("clients_asked", "clients_answered", "clients_failed", "clients_timed_out")
+ROUND_WAIT = 1200.0  # seconds a deployed round may take here: the development machine is often very busy
 
 
-def test_a_node_killed_in_round_2_rejoins_after_round_3(tmp_path):
-    """4 SuperNodes, 4 rounds: node 3's machine dies during round 2 (SIGKILL, no goodbye) and comes back
-    with its key and data after round 3. The run finishes; the history shows the loss and the return."""
+def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
+    """4 SuperNodes, 4 rounds: node 3's machine dies during round 2 (SIGKILL of its SuperNode and
+    ClientApps: no goodbye) and is started again, with its key and data, once round 2 is over. The run
+    finishes (3 of 4 answers suffice with min-answered-fraction=0.75); the history shows round 2's
+    failure and node 3 answering again in round 4."""
     settings = ["num-clusters=4", "clients-per-cluster=1", "num-server-rounds=4", "local-epochs=1", "batch-size=32",
-                "verbose=false", f"results-dir={tmp_path / 'results'}"]  # fmt: skip
+                "min-answered-fraction=0.75", "verbose=false", f"results-dir={tmp_path / 'results'}"]  # fmt: skip
     config, overrides = prepare(settings)
     folder = run_folder(overrides)
     with LocalDeployment(tmp_path / "deployment") as deployment:
         deployment.start(config, nodes=4)
+        node_id = deployment.nodes[3].node_id
         submitter = deployment.submit(app_directory(), overrides, log_as="flwr-run")
-        wait_for_rounds(folder, 1, submitter, timeout=600)  # round 2 is under way
+        wait_for_rounds(folder, 1, submitter, ROUND_WAIT)  # round 2 is under way
         deployment.kill_node(3)
-        wait_for_rounds(folder, 3, submitter, timeout=600)
+        # Round 2 ends once Flower has noticed the node gone (two missed heartbeats, about a minute).
+        wait_for_rounds(folder, 2, submitter, ROUND_WAIT)
+        # Round 3 has asked its clients: node 3 misses it, and is back for round 4 (with a new process).
         deployment.restart_node(3)
-        submitter.wait(timeout=600)
+        assert submitter.wait(timeout=3 * ROUND_WAIT) == 0
+        statuses = deployment.node_statuses()
         run_log = deployment.processes.log_path("flwr-run").read_text()
     assert_nothing_left(tmp_path)
     assert run_status(folder) == "finished", run_log[-3000:]
     rows = history_rows(folder)
     assert [row["round"] for row in rows] == ["1", "2", "3", "4"]
-    missing = [column for column in FAILURE_COLUMNS if column not in rows[0]]
-    assert not missing, f"history.csv lacks {missing}: merge branch issue-14-failures (the failure policy)"
     count = [{column: int(row[column]) for column in FAILURE_COLUMNS} for row in rows]
-    assert count[0] == {"asked": 4, "answered": 4, "failed": 0, "timed_out": 0}
-    # Round 2: node 3 never answered (an error reply once the SuperLink saw it gone, or the round's time limit).
-    assert count[1]["asked"] == 4 and count[1]["answered"] == 3 and count[1]["failed"] + count[1]["timed_out"] == 1
-    assert count[3] == {"asked": 4, "answered": 4, "failed": 0, "timed_out": 0}  # back, under its partition id
+    everyone = {"clients_asked": 4, "clients_answered": 4, "clients_failed": 0, "clients_timed_out": 0}
+    assert count[0] == everyone
+    # Round 2: node 3 never answered (an error reply once the SuperLink saw it gone).
+    assert count[1] == {"clients_asked": 4, "clients_answered": 3, "clients_failed": 1, "clients_timed_out": 0}
+    assert count[3] == everyone, count  # back under its partition id
+    events = json.loads((folder / "run.json").read_text())
+    assert {(f["round"], f["partition-id"]) for f in events["failures"]} >= {(2, 3)}
+    assert [e["event"] for e in events["membership"] if e["partition-id"] == 3][-1] == "joined"
+    assert statuses[node_id] == "online"  # the same node id: it belongs to the registered key
