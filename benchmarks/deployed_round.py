@@ -82,7 +82,7 @@ app_name, fab, install_dir, message_type, partition_file, partitions = sys.argv[
 installed = install_from_fab(Path(fab).read_bytes(), Path(install_dir), skip_prompt=True)
 stage("FAB unpacked, checked, installed")
 sys.path.insert(0, str(installed))
-if app_name == "fedcond":
+if app_name.startswith("fedcond"):
     from clients.app import make_client_app
     from fedcond.config import RunConfig
     config = RunConfig(num_clusters=int(partitions), clients_per_cluster=1, normalisation="none")
@@ -91,7 +91,7 @@ else:
     from floor_app import client as app
 stage("the app imported")
 import numpy as np
-if app_name == "fedcond":
+if app_name.startswith("fedcond"):
     from fedcond.models import build_run_model, get_weights
     weights = get_weights(build_run_model(config.resolved(), 10, True))  # the server's part: not a stage
 else:
@@ -138,12 +138,12 @@ def cold_messages(apps: dict[str, Path], workdir: Path, partition_file: Path, pa
     print("   CPU seconds are the process's own (user + system): what a busy machine distorts least.")
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_LOG_LEVEL": "WARNING", "PYTHONPATH": ""}
     for name, app in apps.items():
-        fab = build_fab(app, workdir / f"{name}.fab")
+        fab = build_fab(app, workdir / f"{name.split()[0]}-{len(name)}.fab")
         print(f"-- {name} (FAB {fab.stat().st_size / 1024:.0f} KiB)      wall s    CPU s")
         for message_type in ("train", "evaluate"):
             runs: dict[str, list[tuple[float, float]]] = defaultdict(list)
             for repeat in range(repeats):
-                install_dir = workdir / f"install-{name}-{message_type}-{repeat}"
+                install_dir = workdir / f"install-{len(name)}-{name.split()[0]}-{message_type}-{repeat}"
                 command = [sys.executable, "-c", COLD_MESSAGE, name, str(fab), str(install_dir), message_type,
                            str(partition_file), str(partitions)]  # fmt: skip
                 children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -325,6 +325,9 @@ def main() -> None:
     parser.add_argument("--no-rounds", action="store_true", help="the cold messages alone (CPU seconds, quick)")
     parser.add_argument("--profile", action="store_true", help="DEBUG logs on the nodes, message phases printed")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
+    parser.add_argument("--compare-app", metavar="DIR", type=Path,
+                        help="also measure the cold messages of another fedcond app folder, e.g. an older commit's "
+                             "`git archive` export (its FAB as its pyproject.toml builds it)")  # fmt: skip
     args = parser.parse_args()
     print(f"before: {load()}")
     workdir = Path(tempfile.mkdtemp(prefix="fedcond-deployed-round-"))
@@ -336,8 +339,10 @@ def main() -> None:
     with sigterm_as_interrupt(), LocalDeployment(workdir / "deployment") as deployment:
         if args.cold_repeats:
             partition_file = export_partitions(config, workdir / "partitions")[0]
-            cold_messages({"floor": floor, "fedcond": app_directory()}, workdir, partition_file, args.nodes,
-                          args.cold_repeats)  # fmt: skip
+            apps = {"floor": floor, "fedcond": app_directory()}
+            if args.compare_app is not None:
+                apps["fedcond (--compare-app)"] = args.compare_app.resolve()
+            cold_messages(apps, workdir, partition_file, args.nodes, args.cold_repeats)
         if not args.no_rounds:
             deployed_rounds(deployment, floor, config, args, workdir)
     print(f"\nafter: {load()}")
