@@ -12,9 +12,11 @@ simulation Flower fills in the first two):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from flwr.client import Client, ClientApp
+from flwr.clientapp.typing import Mod
 from flwr.common import Context
 
 from fedcond.client_data import ClientData, cached_client_data, load_partition_file
@@ -48,13 +50,17 @@ def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientD
     return cached_client_data(config, partition_id)
 
 
-def make_client_app(config: RunConfig | None = None) -> ClientApp:
-    """A ClientApp reading its settings from the run config, or from ``config`` when given (tests)."""
+def make_client_app(config: RunConfig | None = None, mods: Sequence[Mod] = ()) -> ClientApp:
+    """A ClientApp reading its settings from the run config, or from ``config`` when given (tests).
+
+    ``mods`` are Flower mods wrapped around every message the clients handle (the tests inject
+    faults with them).
+    """
 
     def client_fn(context: Context) -> Client:
         return build_client(context, config or run_config(context.run_config))
 
-    return ClientApp(client_fn=client_fn)
+    return ClientApp(client_fn=client_fn, mods=list(mods))
 
 
 app = make_client_app()

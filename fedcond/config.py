@@ -179,6 +179,8 @@ class Option:
     help: str
     #: The smallest allowed value of a numeric option (None: any).
     minimum: float | None = None
+    #: The largest allowed value of a numeric option (None: any).
+    maximum: float | None = None
 
     def coerce(self, raw: Any) -> Any:
         value = _coerce(self.key, raw, type(self.default))
@@ -186,6 +188,8 @@ class Option:
             raise FedcondError(f"{self.key} must be a finite number (got {value})")
         if self.minimum is not None and value < self.minimum:
             raise FedcondError(f"{self.key} must be at least {self.minimum:g} (got {value})")
+        if self.maximum is not None and value > self.maximum:
+            raise FedcondError(f"{self.key} must be at most {self.maximum:g} (got {value})")
         return value
 
     def of(self, config: RunConfig) -> Any:

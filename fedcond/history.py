@@ -24,7 +24,7 @@ from fedcond.errors import FedcondError
 
 HISTORY_COLUMNS = (
     "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up", "ari",
-    "heldout_accuracy",
+    "heldout_accuracy", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out",
 )  # fmt: skip
 PACKAGES = ("fedcond", "flwr", "torch", "torchvision", "numpy", "scikit-learn", "ray")
 
@@ -46,6 +46,11 @@ class RoundRecord:
     ari: float = float("nan")
     # Sample-weighted accuracy of the held-out clients (never trained), NaN when there are none.
     heldout_accuracy: float = float("nan")
+    # Who took part (fedcond.participation): answered + failed + timed out = asked.
+    clients_asked: int = 0
+    clients_answered: int = 0
+    clients_failed: int = 0
+    clients_timed_out: int = 0
 
     @staticmethod
     def columns(num_clusters: int) -> list[str]:
@@ -55,8 +60,11 @@ class RoundRecord:
     def progress_line(self, num_rounds: int) -> str:
         """The one terminal line a round prints."""
         held = f"  held-out {self.heldout_accuracy:.4f}" if not math.isnan(self.heldout_accuracy) else ""
+        # Said only when someone did not answer: a full round needs no remark.
+        missing = self.clients_asked - self.clients_answered
+        answered = f"  answered {self.clients_answered}/{self.clients_asked}" if missing > 0 else ""
         return (
-            f"round {self.round:>3}/{num_rounds}  accuracy {self.accuracy:.4f}  loss {self.loss:.4f}{held}  "
+            f"round {self.round:>3}/{num_rounds}  accuracy {self.accuracy:.4f}  loss {self.loss:.4f}{held}{answered}  "
             f"{self.seconds:5.1f} s"
         )
 
@@ -141,6 +149,8 @@ class RunRecorder:
             "versions": package_versions(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "status": "running",
+            # Every client that did not answer an instruction, and why (fedcond.participation).
+            "failures": [],
         }
         self._write_info()
         with self.history_path.open("w", newline="") as handle:
@@ -169,6 +179,13 @@ class RunRecorder:
             **(extra or {}),
         )
         self._write_info()
+
+    def add_events(self, key: str, entries: list[dict[str, Any]]) -> None:
+        """Append ``entries`` to ``run.json``'s list ``key`` (``failures``, ``membership``) at once, so
+        a run that stops later still shows them."""
+        if entries:
+            self._info.setdefault(key, []).extend(entries)
+            self._write_info()
 
     def fail(self, reason: str) -> None:
         """Mark the run as stopped by an error (finished rounds stay in history.csv)."""

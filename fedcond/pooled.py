@@ -39,7 +39,7 @@ from fedcond.history import RoundRecord, RunRecorder, failures_recorded, open_ru
 from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
 from fedcond.models import ConditionalCNN, build_run_model
 from fedcond.scenarios import scenario_for
-from fedcond.training import TrainSettings, evaluate, new_optimiser, pick_device, run_epochs
+from fedcond.training import MomentumSGD, TrainSettings, evaluate, new_optimiser, pick_device, run_epochs
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class PooledModel:
     """One model of a pooled run, its pooled training data, and its optimiser and batch-order state."""
 
     model: ConditionalCNN
-    optimiser: torch.optim.Optimizer
+    optimiser: MomentumSGD
     generator: torch.Generator
     data: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
@@ -155,6 +155,9 @@ def _train_and_record(
             bytes_up=0,
             cluster_accuracy=per_cluster,
             heldout_accuracy=heldout,
+            # In-process: every client's data is trained on and every client evaluates, none can fail.
+            clients_asked=len(clients),
+            clients_answered=len(clients),
         )
         recorder.add(record)
         if config.verbose:

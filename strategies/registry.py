@@ -45,7 +45,9 @@ class Method:
 
     @property
     def options(self) -> tuple[Option, ...]:
-        return tuple(option for part in (self.client, self.strategy) if part is not None for option in part.options)
+        """The method's own settings and, for a federated method, the round protocol's."""
+        own = tuple(option for part in (self.client, self.strategy) if part is not None for option in part.options)
+        return own + (self.strategy.protocol_options if self.strategy is not None else ())
 
     @property
     def serves_held_out_clients(self) -> bool:

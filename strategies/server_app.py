@@ -13,6 +13,7 @@ from fedcond.encoder import load_encoder
 from fedcond.history import RunRecorder, error_line, failures_recorded, open_run
 from fedcond.scenarios import scenario_for
 from strategies.base import StrategyInputs
+from strategies.federation import message_timeout
 from strategies.registry import check_run, federated, run_config
 
 
@@ -30,7 +31,9 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     recorder = open_run(config, scenario, method.name, method.summary, method.conditioned)
     with failures_recorded(recorder):
         strategy = strategy_class(StrategyInputs(config, scenario.num_classes, method.conditioned, recorder))
-        start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=config.num_server_rounds))
+        # Flower gives every fit and evaluate message round_timeout as its lifetime (TTL).
+        server_config = ServerConfig(num_rounds=config.num_server_rounds, round_timeout=message_timeout(config))
+        start_grid(grid=grid, strategy=strategy, config=server_config)
     return recorder
 
 

@@ -16,7 +16,7 @@ def test_pyproject_defaults_are_a_valid_config():
 def test_methods_declare_their_options_and_pyproject_lists_them():
     # Flower accepts only run-config keys the app declares: every method option must be there too.
     keys = {option.key for option in declared_options()}
-    assert keys == {"ditto-lambda", "ditto-personal-epochs", "dac-neighbours"}
+    assert keys == {"ditto-lambda", "ditto-personal-epochs", "dac-neighbours", "min-answered-fraction", "round-timeout"}
     assert keys <= set(default_config())
     config = run_config({"method": "ditto", "ditto-lambda": 2})
     assert dict(config.options)["ditto-lambda"] == 2.0 and config.to_mapping()["dac-neighbours"] == 3
@@ -25,6 +25,13 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
     with pytest.raises(FedcondError, match="unknown run-config key 'ditto-lambda'"):
         RunConfig.from_mapping({"ditto-lambda": 1.0})  # without the registry's declarations
     assert Option("x", 4, "an option").of(RunConfig()) == 4  # a config built without it: the default
+    # The round protocol's settings belong to every federated method, none to the pooled ones.
+    assert {"min-answered-fraction", "round-timeout"} <= {option.key for option in get_method("local").options}
+    assert get_method("pooled-global").options == ()
+    with pytest.raises(FedcondError, match=r"min-answered-fraction must be at most 1 \(got 1.5\)"):
+        run_config({"min-answered-fraction": 1.5})
+    with pytest.raises(FedcondError, match=r"round-timeout must be at least 0 \(got -1\)"):
+        run_config({"round-timeout": -1})
 
 
 def test_dataset_defaults_are_resolved():

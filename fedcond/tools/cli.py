@@ -327,12 +327,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_experiment_commands(commands)
     commands.add_parser("list", help="list methods, datasets, scenarios, fingerprints and conditionings")
     deploy_parser = commands.add_parser(
-        "deploy-local", help="one run on a real SuperLink and SuperNodes, separate processes on 127.0.0.1 (TLS)"
+        "deploy-local",
+        help="one run on a real SuperLink and SuperNodes, separate processes on 127.0.0.1 (TLS, authenticated nodes)",
     )
     deploy_parser.add_argument("settings", nargs="*", help="run-config overrides, e.g. num-clusters=3")
     deploy_parser.add_argument("--nodes", type=int, help="SuperNodes to start (num-clusters x clients-per-cluster)")
     deploy_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
-    deploy_parser.add_argument("--insecure", action="store_true", help="plain HTTP instead of TLS (local trials)")
+    deploy_parser.add_argument(
+        "--insecure", action="store_true", help="plain HTTP instead of TLS, no node authentication (local trials)"
+    )
+    deploy_parser.add_argument(
+        "--keys", metavar="DIR", help="keep the SuperNodes' new key pairs in DIR (default: deleted afterwards)"
+    )
     export_parser = commands.add_parser("export-partitions", help="write every client's data to partition-<id>.npz")
     export_parser.add_argument("settings", nargs="*", help="run-config overrides that shape the split")
     export_parser.add_argument("--out", required=True, metavar="DIR", help="folder for the partition files")
@@ -350,7 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command in ("deploy-local", "export-partitions"):
             if arguments.command == "export-partitions":
                 return deploy.export_partitions_command(arguments.settings, arguments.out, arguments.config)
-            return deploy.deploy_local(arguments.settings, arguments.nodes, arguments.insecure, arguments.config)
+            return deploy.deploy_local(
+                arguments.settings, arguments.nodes, arguments.insecure, arguments.config, arguments.keys
+            )
         return run(arguments.settings, arguments.cpus_per_client, arguments.gpus_per_client, arguments.config)
     except FedcondError as error:
         print(f"fedcond: error: {error}", file=sys.stderr)
