@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from fedcond.aggregation import Model
+from fedcond.checkpoint import GLOBAL_MODEL, Checkpoint
 from fedcond.config import Option, RunConfig
+from fedcond.errors import FedcondError
 from fedcond.fingerprint import fingerprint_size
 from fedcond.history import RunRecorder
 from fedcond.messages import (
@@ -33,6 +35,7 @@ from strategies.accounting import Failures, RoundTracker, by_partition, paramete
 from strategies.federation import all_clients, ask_all, federated_fingerprint_statistics
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
+T = TypeVar("T")
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
 
 
@@ -44,6 +47,8 @@ class StrategyInputs:
     num_classes: int
     conditioned: bool
     recorder: RunRecorder | None
+    #: The checkpoint a resumed run continues from (None: a new run, from round 1).
+    resume: Checkpoint | None = None
 
 
 def initial_weights(inputs: StrategyInputs, seed: int | None = None) -> Model:
@@ -59,6 +64,11 @@ class FedcondStrategy(Strategy):
     ``evaluate_parameters``) and how returned models are combined (``combine``). Before round 1 the
     strategy checks that one node per client is connected and, for conditioned methods with
     ``normalisation = "federated"``, runs the secure sum of fingerprint statistics.
+
+    After every round the ServerApp saves ``state()`` into the run's checkpoint; a resumed run calls
+    ``load_state`` before its first round instead of setting up afresh (no secure sum: the published
+    statistics are part of the state). Per-client state is saved by partition id, the one name a
+    client keeps across runs (Flower's node ids are new in every run).
 
     Held-out clients (``held-out-clients`` per cluster, partition ids after the training clients)
     are never asked to train: they only evaluate, each round, the model a method would give them,
@@ -81,6 +91,9 @@ class FedcondStrategy(Strategy):
         self.shared_config: dict[str, Scalar] = {}
         self.secure_sum_bytes = 0
         self.held_out_cids: set[str] = set()
+        # Every node's answer to the identity question before round 1 (partition id, true cluster).
+        self.identities: dict[str, dict[str, Scalar]] = {}
+        self.partition_of: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.inputs.config.method})"
@@ -103,28 +116,59 @@ class FedcondStrategy(Strategy):
         """The new global parameters from the round's results (None: keep the current ones)."""
         return None
 
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        """What the next round needs beyond the global model: named models and plain values.
+
+        Subclasses that hold more extend both (per-client entries keyed by partition id).
+        """
+        return {}, {"shared_config": dict(self.shared_config), "secure_sum_bytes": self.secure_sum_bytes}
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        """Take back what ``state`` saved (called after ``on_start``, whose set-up it replaces)."""
+        self.shared_config = dict(values["shared_config"])
+        self.secure_sum_bytes = int(values["secure_sum_bytes"])
+
+    # -- per-client state under the name that survives a restart: the partition id -------------------
+    def by_partition(self, per_node: dict[str, T]) -> dict[int, T]:
+        return {self.partition_of[cid]: value for cid, value in per_node.items()}
+
+    def by_node(self, per_partition: dict[int, T]) -> dict[str, T]:
+        """``per_partition`` keyed by this run's node ids; a partition no node holds is an error."""
+        node_of = {partition: cid for cid, partition in self.partition_of.items()}
+        missing = sorted(set(per_partition) - set(node_of))
+        if missing:
+            raise FedcondError(
+                f"the checkpoint holds state of partition(s) {missing} but no node of this federation has them; "
+                "resume with the same nodes (num-clusters x clients-per-cluster, same partition ids)"
+            )
+        return {node_of[partition]: value for partition, value in per_partition.items()}
+
     # -- Flower's Strategy API -------------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         config = self.inputs.config
         proxies = all_clients(client_manager, config)
-        if config.held_out_clients:
-            # Which node holds which partition (every result reports it anyway): held-out clients
-            # are the last partition ids, and they must never receive a training instruction.
-            answers = ask_all(proxies, {STEP: STEP_IDENTITY})
-            self.held_out_cids = {
-                proxy.cid
-                for proxy, answer in zip(proxies, answers, strict=True)
-                if int(answer[PARTITION_ID]) >= config.num_training_clients
-            }
+        # Which node holds which partition: held-out clients are the last partition ids and must
+        # never receive a training instruction, and state kept per client is saved by partition id.
+        answers = ask_all(proxies, {STEP: STEP_IDENTITY})
+        self.identities = {proxy.cid: answer for proxy, answer in zip(proxies, answers, strict=True)}
+        self.partition_of = {cid: int(answer[PARTITION_ID]) for cid, answer in self.identities.items()}
+        self.held_out_cids = {cid for cid, pid in self.partition_of.items() if pid >= config.num_training_clients}
         training = [proxy for proxy in proxies if proxy.cid not in self.held_out_cids]
-        if self.inputs.conditioned and config.normalisation == "federated":
+        resume = self.inputs.resume
+        if resume is None and self.inputs.conditioned and config.normalisation == "federated":
             size = fingerprint_size(
                 config.fingerprint, config.fingerprint_dim, self.inputs.num_classes, config.num_clusters
             )
             mean, std, self.secure_sum_bytes = federated_fingerprint_statistics(training, size)
             self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
         self.on_start(proxies)
-        return self.initial_global()
+        if resume is None:
+            return self.initial_global()
+        self.load_state(resume.models, resume.values)
+        self.tracker.resume_after(resume.history)
+        if GLOBAL_MODEL in resume.models:
+            return ndarrays_to_parameters(resume.models[GLOBAL_MODEL])
+        return EMPTY
 
     def round_config(self, server_round: int) -> dict[str, Scalar]:
         return {SERVER_ROUND: server_round, **self.shared_config}
@@ -179,8 +223,6 @@ class FedcondStrategy(Strategy):
         held_out = [pair for pair in results if int(pair[1].metrics[PARTITION_ID]) >= training]
         participating = [pair for pair in results if int(pair[1].metrics[PARTITION_ID]) < training]
         record = self.tracker.finish_round(server_round, participating, held_out)
-        if server_round == self.inputs.config.num_server_rounds and self.inputs.recorder is not None:
-            self.inputs.recorder.finish({"secure_sum_bytes": self.secure_sum_bytes})
         return record.loss, {"accuracy": record.accuracy}
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:

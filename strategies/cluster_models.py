@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 from sklearn.metrics import adjusted_rand_score
 
 from fedcond.aggregation import Model, average_per_group
 from fedcond.errors import FedcondError
-from fedcond.messages import CHOICE, CLUSTER, STEP, STEP_IDENTITY
+from fedcond.messages import CHOICE, CLUSTER
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
-from strategies.federation import ask_all
 
 
 class ClusterModels(FedcondStrategy):
@@ -36,6 +37,18 @@ class ClusterModels(FedcondStrategy):
         self.models = average_per_group(self.models, updates, groups, [res.num_examples for _, res in results])
         return None
 
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        models, values = super().state()
+        models.update({f"cluster-{index}": model for index, model in enumerate(self.models)})
+        # JSON-like keys: the partition id, as text.
+        values["assignment"] = {str(pid): cluster for pid, cluster in self.by_partition(self.assignment).items()}
+        return models, values
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        super().load_state(models, values)
+        self.models = [models[f"cluster-{index}"] for index in range(len(self.models))]
+        self.assignment = self.by_node({int(pid): int(cluster) for pid, cluster in values["assignment"].items()})
+
 
 class OracleStrategy(ClusterModels):
     """Oracle: FedAvg within each true cluster, one model per cluster.
@@ -51,8 +64,7 @@ class OracleStrategy(ClusterModels):
         super().__init__(inputs, [initial_weights(inputs) for _ in range(inputs.config.num_clusters)])
 
     def on_start(self, proxies: list[ClientProxy]) -> None:
-        answers = ask_all(proxies, {STEP: STEP_IDENTITY})
-        self.assignment = {proxy.cid: int(answer[CLUSTER]) for proxy, answer in zip(proxies, answers, strict=True)}
+        self.assignment = {proxy.cid: int(self.identities[proxy.cid][CLUSTER]) for proxy in proxies}
 
     def fit_parameters(self, proxy: ClientProxy, current: Parameters) -> Parameters:
         return self.model_of(proxy)

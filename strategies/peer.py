@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
@@ -54,6 +56,17 @@ class PeerToPeer(FedcondStrategy):
         self.models.update({proxy.cid: model for (proxy, _), model in zip(results, mixed, strict=True)})
         self.tracker.peer_exchange(transfers * self.model_bytes)
         return None
+
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        models, values = super().state()
+        models.update({f"client-{pid}": model for pid, model in self.by_partition(self.models).items()})
+        return models, values
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        super().load_state(models, values)
+        prefix = "client-"
+        saved = {int(name[len(prefix) :]): model for name, model in models.items() if name.startswith(prefix)}
+        self.models = self.by_node(saved)
 
 
 class GossipStrategy(PeerToPeer):
