@@ -129,10 +129,10 @@ class FedcondStrategy(Strategy):
         self.secure_sum_bytes = int(values["secure_sum_bytes"])
 
     # -- per-client state under the name that survives a restart: the partition id -------------------
-    def by_partition(self, per_node: dict[str, T]) -> dict[int, T]:
+    def keyed_by_partition(self, per_node: dict[str, T]) -> dict[int, T]:
         return {self.partition_of[cid]: value for cid, value in per_node.items()}
 
-    def by_node(self, per_partition: dict[int, T]) -> dict[str, T]:
+    def keyed_by_node(self, per_partition: dict[int, T]) -> dict[str, T]:
         """``per_partition`` keyed by this run's node ids; a partition no node holds is an error."""
         node_of = {partition: cid for cid, partition in self.partition_of.items()}
         missing = sorted(set(per_partition) - set(node_of))

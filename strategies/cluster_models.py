@@ -41,13 +41,13 @@ class ClusterModels(FedcondStrategy):
         models, values = super().state()
         models.update({f"cluster-{index}": model for index, model in enumerate(self.models)})
         # JSON-like keys: the partition id, as text.
-        values["assignment"] = {str(pid): cluster for pid, cluster in self.by_partition(self.assignment).items()}
+        values["assignment"] = {str(pid): cluster for pid, cluster in self.keyed_by_partition(self.assignment).items()}
         return models, values
 
     def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
         super().load_state(models, values)
         self.models = [models[f"cluster-{index}"] for index in range(len(self.models))]
-        self.assignment = self.by_node({int(pid): int(cluster) for pid, cluster in values["assignment"].items()})
+        self.assignment = self.keyed_by_node({int(pid): int(cluster) for pid, cluster in values["assignment"].items()})
 
 
 class OracleStrategy(ClusterModels):

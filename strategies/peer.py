@@ -59,14 +59,14 @@ class PeerToPeer(FedcondStrategy):
 
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()
-        models.update({f"client-{pid}": model for pid, model in self.by_partition(self.models).items()})
+        models.update({f"client-{pid}": model for pid, model in self.keyed_by_partition(self.models).items()})
         return models, values
 
     def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
         super().load_state(models, values)
         prefix = "client-"
         saved = {int(name[len(prefix) :]): model for name, model in models.items() if name.startswith(prefix)}
-        self.models = self.by_node(saved)
+        self.models = self.keyed_by_node(saved)
 
 
 class GossipStrategy(PeerToPeer):

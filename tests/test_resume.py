@@ -184,7 +184,8 @@ def test_plain_flwr_run_resume_needs_the_recorded_settings(tmp_path):
     """``flwr run --run-config 'resume=...'`` gives the app's defaults for every key it does not
     set: the ServerApp cannot tell them from given values, so any that differs is refused."""
     folder, _ = checkpointed_run(tmp_path)
-    config = RESUME.set(run_config({**default_config(), "num-clusters": 2, "clients-per-cluster": 2}), str(folder))
+    given = {**default_config(), "num-clusters": 2, "clients-per-cluster": 1, "data-fraction": 0.5}
+    config = RESUME.set(run_config(given), str(folder))
     with pytest.raises(FedcondError, match=r"these differ: local-epochs=5 \(recorded 1\); give the recorded values"):
         check_resume(config)
     assert check_resume(config.replace(local_epochs=1)).round == 2

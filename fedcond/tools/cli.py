@@ -106,7 +106,7 @@ def run(
     returncode = stream_filtered(command, environment, flwr_home, log)
     if folder.is_dir():
         log = log.replace(flower_log_path(folder) if resuming else folder / FLOWER_LOG)
-    reason = unfinished(folder)
+    reason = unfinished(folder, config.num_server_rounds)
     if reason is not None:
         print(f"fedcond: error: the run did not finish (status: {reason}); Flower's output is in {log}",
               file=sys.stderr)  # fmt: skip

@@ -186,8 +186,8 @@ def deploy_local(
         processes.stop_all()
         _keep_logs(workdir, folder, succeeded)
     if not succeeded:
-        print(f"fedcond: error: the run did not finish (status: {unfinished(folder)}); see the process logs",
-              file=sys.stderr)  # fmt: skip
+        reason = unfinished(folder, config.num_server_rounds)
+        print(f"fedcond: error: the run did not finish (status: {reason}); see the process logs", file=sys.stderr)
         return 1
     print(f"fedcond: results in {folder} (history.csv, run.json; process logs in deploy-logs/)")
     return 0
@@ -226,7 +226,7 @@ def _deploy(
         if crashed:
             raise FedcondError(f"{crashed[0]} stopped during the run; see {crashed[0]}.log in the process logs")
         time.sleep(0.5)
-    return unfinished(folder) is None
+    return unfinished(folder, config.num_server_rounds) is None
 
 
 def _keep_logs(workdir: Path, folder: Path, succeeded: bool) -> None:

@@ -131,10 +131,16 @@ def run_folder(overrides: dict[str, object]) -> Path:
     return Path(str(overrides["results-dir"]), str(overrides["run-name"]))
 
 
-def unfinished(folder: Path) -> str | None:
-    """Why the run of ``folder`` did not finish, or None if it did.
+def unfinished(folder: Path, rounds: int) -> str | None:
+    """Why the run of ``folder`` did not finish its ``rounds`` rounds, or None if it did.
 
-    ``flwr run --stream`` exits 0 even when the ServerApp fails: the run's own record decides.
+    ``flwr run --stream`` exits 0 even when the ServerApp fails: the run's own record decides. A
+    resumed run that extends a finished one says ``finished`` from the start: the rounds tell.
     """
     status = run_status(folder)
-    return None if status == "finished" else status
+    if status != "finished":
+        return status
+    completed = json.loads((folder / "run.json").read_text()).get("rounds_completed")
+    if completed != rounds:
+        return f"stopped after {completed} of {rounds} rounds (see Flower's output)"
+    return None
