@@ -196,6 +196,10 @@ class Option:
         """This option's value in ``config`` (its default when the config was built without it)."""
         return dict(config.options).get(self.key, self.default)
 
+    def set(self, config: RunConfig, value: Any) -> RunConfig:
+        """A copy of ``config`` with this option at ``value`` (checked as the run config is)."""
+        return config.replace(options=tuple(sorted({**dict(config.options), self.key: self.coerce(value)}.items())))
+
 
 def check_run_name(name: str) -> None:
     """A run's folder is ``results-dir/run-name``: a name that is a path could put it anywhere."""

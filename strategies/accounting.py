@@ -73,6 +73,8 @@ class RoundTracker:
         self.num_rounds = num_rounds
         self.verbose = verbose
         self.run_start: float | None = None
+        # Seconds the rounds before a resume took: elapsed_seconds goes on from there.
+        self.elapsed_before = 0.0
         self.round_start = 0.0
         self.bytes_down = 0
         self.bytes_up = 0
@@ -84,6 +86,10 @@ class RoundTracker:
         if self.run_start is None:
             self.run_start = self.round_start
         self.bytes_down = self.bytes_up = 0
+
+    def resume_after(self, history: Sequence[RoundRecord]) -> None:
+        """Go on from the rounds a resumed run finished before."""
+        self.elapsed_before = history[-1].elapsed_seconds if history else 0.0
 
     def sent(self, num_bytes: int) -> None:
         self.bytes_down += num_bytes
@@ -120,7 +126,7 @@ class RoundTracker:
             loss=loss,
             train_loss=self.train_loss,
             seconds=now - self.round_start,
-            elapsed_seconds=now - (self.run_start or self.round_start),
+            elapsed_seconds=self.elapsed_before + now - (self.run_start or self.round_start),
             bytes_down=self.bytes_down,
             bytes_up=self.bytes_up,
             cluster_accuracy=per_cluster,

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from fedcond.aggregation import Model
+from fedcond.checkpoint import GLOBAL_MODEL, Checkpoint
 from fedcond.config import Option, RunConfig
 from fedcond.fingerprint import fingerprint_size
 from fedcond.history import RunRecorder
@@ -44,6 +45,8 @@ class StrategyInputs:
     num_classes: int
     conditioned: bool
     recorder: RunRecorder | None
+    #: The checkpoint a resumed run continues from (None: a new run, from round 1).
+    resume: Checkpoint | None = None
 
 
 def initial_weights(inputs: StrategyInputs, seed: int | None = None) -> Model:
@@ -69,6 +72,11 @@ class FedcondStrategy(Strategy):
     that answered evaluate, and when fewer clients can answer than ``min-answered-fraction`` (and
     ``answer_floor``) require, the run stops with one line. A client that failed is asked again the
     next round.
+
+    After every round the ServerApp saves ``state()`` into the run's checkpoint; a resumed run calls
+    ``load_state`` before its first round instead of setting up afresh (no secure sum: the published
+    statistics are part of the state). Per-client state is saved by partition id, the one name a
+    client keeps across runs (Flower's node ids are new in every run).
 
     Held-out clients (``held-out-clients`` per cluster, partition ids after the training clients)
     are never asked to train: they only evaluate, each round, the model a method would give them,
@@ -126,11 +134,24 @@ class FedcondStrategy(Strategy):
         """The fewest clients that must answer a round, whatever ``min-answered-fraction`` says."""
         return 1
 
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        """What the next round needs beyond the global model: named models and plain values.
+
+        Subclasses that hold more extend both (per-client entries keyed by partition id).
+        """
+        return {}, {"shared_config": dict(self.shared_config), "secure_sum_bytes": self.secure_sum_bytes}
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        """Take back what ``state`` saved (called after ``on_start``, whose set-up it replaces)."""
+        self.shared_config = dict(values["shared_config"])
+        self.secure_sum_bytes = int(values["secure_sum_bytes"])
+
     # -- Flower's Strategy API -------------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         config = self.inputs.config
         self.membership.start(all_clients(client_manager, config))
-        if self.inputs.conditioned and config.normalisation == "federated":
+        resume = self.inputs.resume
+        if resume is None and self.inputs.conditioned and config.normalisation == "federated":
             size = fingerprint_size(
                 config.fingerprint, config.fingerprint_dim, self.inputs.num_classes, config.num_clusters
             )
@@ -138,7 +159,13 @@ class FedcondStrategy(Strategy):
             mean, std, self.secure_sum_bytes = federated_fingerprint_statistics(training, size, message_timeout(config))
             self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
         self.on_start()
-        return self.initial_global()
+        if resume is None:
+            return self.initial_global()
+        self.load_state(resume.models, resume.values)
+        self.tracker.resume_after(resume.history)
+        if GLOBAL_MODEL in resume.models:
+            return ndarrays_to_parameters(resume.models[GLOBAL_MODEL])
+        return EMPTY
 
     def round_config(self, server_round: int) -> dict[str, Scalar]:
         return {SERVER_ROUND: server_round, **self.shared_config}
@@ -216,8 +243,6 @@ class FedcondStrategy(Strategy):
         held_out = [pair for pair in answered if pair[0] >= training]
         participating = [pair for pair in answered if pair[0] < training]
         record = self.tracker.finish_round(server_round, participating, held_out, self.participation.counts())
-        if server_round == self.inputs.config.num_server_rounds and self.inputs.recorder is not None:
-            self.inputs.recorder.finish({"secure_sum_bytes": self.secure_sum_bytes})
         return record.loss, {"accuracy": record.accuracy}
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:

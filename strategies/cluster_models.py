@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fedcond.aggregation import Model, average_per_group
@@ -40,6 +42,18 @@ class ClusterModels(FedcondStrategy):
         updates = [parameters_to_ndarrays(res.parameters) for _, res in results]
         self.models = average_per_group(self.models, updates, groups, [res.num_examples for _, res in results])
         return None
+
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        models, values = super().state()
+        models.update({f"cluster-{index}": model for index, model in enumerate(self.models)})
+        # JSON-like keys: the partition id, as text.
+        values["assignment"] = {str(pid): cluster for pid, cluster in self.assignment.items()}
+        return models, values
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        super().load_state(models, values)
+        self.models = [models[f"cluster-{index}"] for index in range(len(self.models))]
+        self.assignment = {int(pid): int(cluster) for pid, cluster in values["assignment"].items()}
 
 
 class OracleStrategy(ClusterModels):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
@@ -56,6 +58,16 @@ class PeerToPeer(FedcondStrategy):
         self.models.update({partition: model for (partition, _), model in zip(results, mixed, strict=True)})
         self.tracker.peer_exchange(transfers * self.model_bytes)
         return None
+
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        models, values = super().state()
+        models.update({f"client-{pid}": model for pid, model in self.models.items()})
+        return models, values
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        super().load_state(models, values)
+        prefix = "client-"
+        self.models = {int(name[len(prefix) :]): model for name, model in models.items() if name.startswith(prefix)}
 
 
 class GossipStrategy(PeerToPeer):

@@ -18,6 +18,7 @@ from clients.ditto_client import DittoClient
 from clients.ifca_client import IfcaClient
 from clients.local_client import LocalClient
 from clients.numpy_client import FedcondClient
+from fedcond.checkpoint import RESUME, check_resume, resume_folder
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.pooled import POOLED_METHODS
@@ -48,6 +49,11 @@ class Method:
         """The method's own settings and, for a federated method, the round protocol's."""
         own = tuple(option for part in (self.client, self.strategy) if part is not None for option in part.options)
         return own + (self.strategy.protocol_options if self.strategy is not None else ())
+
+    @property
+    def state_lost_on_resume(self) -> str:
+        """What a resumed run of this method starts afresh (kept on clients, not in the checkpoint)."""
+        return self.client.state_lost_on_resume if self.client is not None else ""
 
     @property
     def serves_held_out_clients(self) -> bool:
@@ -82,10 +88,14 @@ def get_method(name: str) -> Method:
     return methods[name]
 
 
+#: Settings of a run rather than of a method, declared next to the code that reads them.
+RUN_OPTIONS = (RESUME,)
+
+
 def declared_options() -> tuple[Option, ...]:
-    """Every method's options, each once (methods may share a class)."""
+    """Every method's options, each once (methods may share a class), and the run's own."""
     unique = {option.key: option for method in registry().values() for option in method.options}
-    return tuple(unique.values())
+    return (*unique.values(), *RUN_OPTIONS)
 
 
 def run_config(mapping: Mapping[str, Any]) -> RunConfig:
@@ -118,7 +128,8 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
     """Every check a run has before anything starts; returns its method.
 
     ``RunConfig`` has already checked each value on its own; this checks how they fit together
-    (dataset, scenario, encoder, method, held-out clients). With ``load_data`` it also reads and
+    (dataset, scenario, encoder, method, held-out clients) and, with ``resume``, that the run it
+    names can go on with these settings (``fedcond.checkpoint.check_resume``). With ``load_data`` it also reads and
     splits the data, so missing files or clients with too few samples stop the run here too.
     """
     validate_without_data(config)
@@ -130,6 +141,8 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"own there); set held-out-clients=0 or use one of {', '.join(supported)} "
             f"(compare: --methods {','.join(supported)})"
         )
+    if resume_folder(config) is not None:
+        check_resume(config)
     if load_data:
         scenario_for(config)
     return method

@@ -16,7 +16,10 @@ def test_pyproject_defaults_are_a_valid_config():
 def test_methods_declare_their_options_and_pyproject_lists_them():
     # Flower accepts only run-config keys the app declares: every method option must be there too.
     keys = {option.key for option in declared_options()}
-    assert keys == {"ditto-lambda", "ditto-personal-epochs", "dac-neighbours", "min-answered-fraction", "round-timeout"}
+    # resume is the run's own setting; min-answered-fraction and round-timeout the round protocol's.
+    assert keys == {
+        "ditto-lambda", "ditto-personal-epochs", "dac-neighbours", "min-answered-fraction", "round-timeout", "resume"
+    }  # fmt: skip
     assert keys <= set(default_config())
     config = run_config({"method": "ditto", "ditto-lambda": 2})
     assert dict(config.options)["ditto-lambda"] == 2.0 and config.to_mapping()["dac-neighbours"] == 3

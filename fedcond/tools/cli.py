@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fedcond.checkpoint import RESUME
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import run_status
@@ -96,14 +97,16 @@ def run(
     flwr_home = Path(environment.get("FLWR_HOME", Path.home() / ".flwr"))
     flwr_home.mkdir(parents=True, exist_ok=True)
     folder = run_folder(overrides)
-    print(f"fedcond: {config.method} on {config.num_clients} clients, results in {folder}", flush=True)
+    resuming = bool(RESUME.of(config))
+    print(f"fedcond: {config.method} on {config.num_clients} clients, results in {folder}"
+          + (" (resumed)" if resuming else ""), flush=True)  # fmt: skip
     # The ServerApp creates the run's folder: Flower's output waits beside it until then.
     folder.parent.mkdir(parents=True, exist_ok=True)
     log = folder.parent / f".{folder.name}.flower.log"
     returncode = stream_filtered(command, environment, flwr_home, log)
     if folder.is_dir():
-        log = log.replace(folder / FLOWER_LOG)
-    reason = unfinished(folder)
+        log = log.replace(flower_log_path(folder) if resuming else folder / FLOWER_LOG)
+    reason = unfinished(folder, config.num_server_rounds)
     if reason is not None:
         print(f"fedcond: error: the run did not finish (status: {reason}); Flower's output is in {log}",
               file=sys.stderr)  # fmt: skip
@@ -113,6 +116,16 @@ def run(
 
 
 FLOWER_LOG = "flower.log"
+
+
+def flower_log_path(folder: Path) -> Path:
+    """Where a resumed attempt's Flower output goes: beside the earlier attempts', never over them."""
+    attempt = 1
+    while (folder / f"flower-resume-{attempt}.log").exists():
+        attempt += 1
+    return folder / f"flower-resume-{attempt}.log"
+
+
 # The lines of fedcond's own that `fedcond run` shows: its messages and one line per round.
 OWN_LINE = re.compile(r"^(fedcond:|round +\d+/\d+|scenario |  cluster |  samples per client)")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -150,7 +163,7 @@ def closing_summary(folder: Path) -> str:
         f"accuracy {info.get('final_accuracy') or float('nan'):.4f}"
         + (f", held-out {held:.4f}" if held is not None else "")
         + f"\nfedcond: {folder}: "
-        + ", ".join(sorted(path.name for path in folder.iterdir()))
+        + ", ".join(sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")))
     )
 
 

@@ -404,8 +404,8 @@ def deploy_local(
         deployment.stop()
         _keep_logs(workdir, folder, succeeded)
     if not succeeded:
-        print(f"fedcond: error: the run did not finish (status: {unfinished(folder)}); see the process logs",
-              file=sys.stderr)  # fmt: skip
+        reason = unfinished(folder, config.num_server_rounds)
+        print(f"fedcond: error: the run did not finish (status: {reason}); see the process logs", file=sys.stderr)
         return 1
     print(f"fedcond: results in {folder} (history.csv, run.json; process logs in deploy-logs/)")
     if keys_folder is not None:
@@ -428,7 +428,7 @@ def _deploy(
     while submitter.poll() is None:
         deployment.check_running(reported)
         time.sleep(0.5)
-    return unfinished(folder) is None
+    return unfinished(folder, config.num_server_rounds) is None
 
 
 def _keep_logs(workdir: Path, folder: Path, succeeded: bool) -> None:
