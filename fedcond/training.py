@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.sgd import sgd
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
@@ -69,13 +70,15 @@ def _condition_tensor(condition: np.ndarray | None, device: torch.device) -> tor
 
 
 class MomentumSGD:
-    """The paper's optimiser, SGD with momentum (plain SGD when ``momentum`` is 0), written out: the
-    update of ``torch.optim.SGD(params, lr, momentum)`` (no dampening, weight decay or Nesterov), the
-    same operations in the same order, so the same numbers bit for bit (tests/test_training.py).
+    """The paper's optimiser, SGD with momentum (plain SGD when ``momentum`` is 0): PyTorch's own
+    update, ``torch.optim.sgd.sgd`` (the functional form ``torch.optim.SGD.step`` calls, with the
+    same defaults: no dampening, weight decay or Nesterov), so the same numbers bit for bit
+    (tests/test_training.py), on the CPU and on CUDA alike.
 
-    Not torch.optim.SGD because every ``torch.optim`` optimiser imports ``torch._dynamo`` on first
-    use (its methods are wrapped by ``torch._disable_dynamo``): ~1.3 CPU seconds, which a deployed
-    ClientApp, a new process per message in Flower 1.42, paid on every fit message on every node.
+    Not ``torch.optim.SGD`` itself because every ``torch.optim.Optimizer`` imports ``torch._dynamo``
+    on first use (its ``__init__`` and ``step`` are wrapped by ``torch._disable_dynamo``): ~1.3 CPU
+    seconds, which a deployed ClientApp, a new process per message in Flower 1.42, paid on every fit
+    message on every node. The functional update imports nothing.
     """
 
     def __init__(self, parameters: Iterable[nn.Parameter], learning_rate: float, momentum: float) -> None:
@@ -92,18 +95,32 @@ class MomentumSGD:
 
     @torch.no_grad()
     def step(self) -> None:
-        for index, parameter in enumerate(self.parameters):
-            gradient = parameter.grad
-            if gradient is None:
-                continue
-            if self.momentum != 0:
-                buffer = self.buffers[index]
-                if buffer is None:
-                    buffer = self.buffers[index] = gradient.detach().clone()
-                else:
-                    buffer.mul_(self.momentum).add_(gradient, alpha=1)
-                gradient = buffer
-            parameter.add_(gradient, alpha=-self.learning_rate)
+        indices = [index for index, parameter in enumerate(self.parameters) if parameter.grad is not None]
+        buffers = [self.buffers[index] for index in indices]
+        sgd(
+            [self.parameters[index] for index in indices],
+            [self.parameters[index].grad for index in indices],  # type: ignore[misc]
+            buffers,
+            weight_decay=0.0,
+            momentum=self.momentum,
+            lr=self.learning_rate,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
+        if self.momentum != 0:  # sgd fills the list with the buffers it created on a first step
+            for index, buffer in zip(indices, buffers, strict=True):
+                self.buffers[index] = buffer
+
+    def state_dict(self) -> dict[str, object]:
+        """The momentum buffers (a pooled run's checkpoint keeps them across a resume)."""
+        return {"momentum_buffers": [None if b is None else b.detach().clone() for b in self.buffers]}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        buffers = list(state["momentum_buffers"])  # type: ignore[call-overload]
+        if len(buffers) != len(self.parameters):
+            raise ValueError(f"optimiser state for {len(buffers)} parameters, the model has {len(self.parameters)}")
+        self.buffers = [None if b is None else b.to(p.device) for b, p in zip(buffers, self.parameters, strict=True)]
 
 
 def new_optimiser(model: nn.Module, settings: TrainSettings) -> MomentumSGD:
