@@ -12,9 +12,11 @@ simulation Flower fills in the first two):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from flwr.client import Client, ClientApp
+from flwr.clientapp.typing import Mod
 from flwr.common import Context
 
 from clients.clipping import client_dp_clipping_mod
@@ -49,14 +51,18 @@ def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientD
     return cached_client_data(config, partition_id)
 
 
-def make_client_app(config: RunConfig | None = None) -> ClientApp:
-    """A ClientApp reading its settings from the run config, or from ``config`` when given (tests)."""
+def make_client_app(config: RunConfig | None = None, mods: Sequence[Mod] = ()) -> ClientApp:
+    """A ClientApp reading its settings from the run config, or from ``config`` when given (tests).
+
+    ``mods`` are Flower mods wrapped around every message the clients handle (the tests inject
+    faults with them).
+    """
 
     def client_fn(context: Context) -> Client:
         return build_client(context, config or run_config(context.run_config))
 
-    # The mod clips updates only where the server asks (client-dp = "client-side").
-    return ClientApp(client_fn=client_fn, mods=[client_dp_clipping_mod])
+    # The clipping mod clips updates only where the server asks (client-dp = "client-side").
+    return ClientApp(client_fn=client_fn, mods=[*mods, client_dp_clipping_mod])
 
 
 app = make_client_app()

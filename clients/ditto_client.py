@@ -23,6 +23,7 @@ class DittoClient(FedcondClient):
     """
 
     options = (LAMBDA, PERSONAL_EPOCHS)
+    state_lost_on_resume = "each client's personal model (trained again from the initial model)"
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         set_weights(self.model, parameters)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.numpy_client import FedcondClient, Fitted
+from clients.numpy_client import Evaluated, FedcondClient, Fitted
 from fedcond.aggregation import lowest_loss_choice
 from fedcond.errors import FedcondError
 from fedcond.messages import CHOICE, TRAIN_LOSS
@@ -15,7 +15,9 @@ from fedcond.training import evaluate
 class IfcaClient(FedcondClient):
     """Receives all K models concatenated; evaluates each on its own training data, trains the best.
 
-    Evaluation rounds receive only the model the client chose (the server remembers the choice).
+    Evaluation rounds receive only the model the client chose (the server remembers the choice);
+    a client that has not chosen yet (its training failed so far) receives all K and evaluates the
+    one it would choose.
     """
 
     # The choice is the argmin of K losses on the training data, sent as it is: DP-SGD does not cover it.
@@ -27,14 +29,24 @@ class IfcaClient(FedcondClient):
             raise FedcondError("IFCA received a partial set of models; server and client disagree on the model")
         return [parameters[i : i + per_model] for i in range(0, len(parameters), per_model)]
 
-    def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
-        candidates = self.split_models(parameters)
+    def choose(self, candidates: list[list[np.ndarray]], round_config: dict[str, object]) -> int:
+        """IFCA's cluster identity step: the candidate with the lowest loss on this client's training data."""
         losses = []
         for candidate in candidates:
             set_weights(self.model, candidate)
             losses.append(evaluate(self.model, self.data.train_x, self.data.train_y, self.condition(round_config)).loss)
-        choice = lowest_loss_choice(losses)
+        return lowest_loss_choice(losses)
+
+    def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
+        candidates = self.split_models(parameters)
+        choice = self.choose(candidates, round_config)
         set_weights(self.model, candidates[choice])
         loss = self.train_locally(self.model, round_config)
         metrics = {**self.identity_metrics(), TRAIN_LOSS: loss, CHOICE: choice}
         return get_weights(self.model), len(self.data.train_y), metrics
+
+    def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
+        candidates = self.split_models(parameters)
+        chosen = candidates[self.choose(candidates, round_config)] if len(candidates) > 1 else candidates[0]
+        set_weights(self.model, chosen)
+        return self.evaluate_model(self.model, round_config)

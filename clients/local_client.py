@@ -14,6 +14,8 @@ LOCAL_MODEL = "local-model"
 class LocalClient(FedcondClient):
     """Ignores what the server sends (nothing) and returns no weights."""
 
+    state_lost_on_resume = "each client's own model (trained again from the initial model)"
+
     def own_model(self) -> ConditionalCNN:
         return self.stored_model(LOCAL_MODEL) or self.fresh_model()
 

@@ -78,6 +78,10 @@ class FedcondClient(NumPyClient):
     #: Whether everything this client sends that depends on its training data comes out of
     #: ``train_locally`` (or the fingerprint): what DP-SGD's guarantee needs.
     releases_only_trained_models: ClassVar[bool] = True
+    #: What this client keeps in ``context.state`` that a resumed run does not get back (a resume is
+    #: a new Flower run, whose ``context.state`` starts empty); empty when nothing is lost (the
+    #: fingerprint is computed again from the same data, the secure-sum key lives one exchange).
+    state_lost_on_resume: ClassVar[str] = ""
 
     def __init__(self, run_config: RunConfig, data: ClientData, context: Context, conditioned: bool) -> None:
         run_config = run_config.resolved()

@@ -179,6 +179,8 @@ class Option:
     help: str
     #: The smallest allowed value of a numeric option (None: any).
     minimum: float | None = None
+    #: The largest allowed value of a numeric option (None: any).
+    maximum: float | None = None
 
     def coerce(self, raw: Any) -> Any:
         value = _coerce(self.key, raw, type(self.default))
@@ -186,11 +188,17 @@ class Option:
             raise FedcondError(f"{self.key} must be a finite number (got {value})")
         if self.minimum is not None and value < self.minimum:
             raise FedcondError(f"{self.key} must be at least {self.minimum:g} (got {value})")
+        if self.maximum is not None and value > self.maximum:
+            raise FedcondError(f"{self.key} must be at most {self.maximum:g} (got {value})")
         return value
 
     def of(self, config: RunConfig) -> Any:
         """This option's value in ``config`` (its default when the config was built without it)."""
         return dict(config.options).get(self.key, self.default)
+
+    def set(self, config: RunConfig, value: Any) -> RunConfig:
+        """A copy of ``config`` with this option at ``value`` (checked as the run config is)."""
+        return config.replace(options=tuple(sorted({**dict(config.options), self.key: self.coerce(value)}.items())))
 
 
 def check_run_name(name: str) -> None:

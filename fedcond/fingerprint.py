@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse.linalg import svds
 
 from fedcond.errors import FedcondError
 
@@ -50,6 +49,10 @@ def covariance_eigenvalues(features: np.ndarray, dim: int, seed: int = 0) -> np.
     if min(num_samples, num_features) <= EXACT_SVD_LIMIT:
         singular = np.linalg.svd(centred, compute_uv=False)[:components]
     else:
+        # Imported here: scipy.sparse.linalg costs ~0.2 s, and a deployed ClientApp is a new process
+        # per message that computes its fingerprint once (then keeps it in its state).
+        from scipy.sparse.linalg import svds
+
         start = np.random.default_rng(seed).standard_normal(min(num_samples, num_features))
         singular = svds(centred, k=components, v0=start, return_singular_vectors=False, tol=0)
     eigenvalues = np.zeros(dim, dtype=np.float64)

@@ -13,18 +13,19 @@ import os
 import platform
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from fedcond import locks
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 
 HISTORY_COLUMNS = (
     "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up", "ari",
-    "heldout_accuracy", "epsilon",
+    "heldout_accuracy", "epsilon", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out",
 )  # fmt: skip
 PACKAGES = ("fedcond", "flwr", "torch", "torchvision", "numpy", "scikit-learn", "ray")
 
@@ -49,6 +50,11 @@ class RoundRecord:
     # Sample-level DP: the largest cumulative epsilon (at dp-delta) any client reported this round;
     # NaN without sample-level DP, inf when only the fingerprint is private (docs/privacy.md).
     epsilon: float = float("nan")
+    # Who took part (fedcond.participation): answered + failed + timed out = asked.
+    clients_asked: int = 0
+    clients_answered: int = 0
+    clients_failed: int = 0
+    clients_timed_out: int = 0
 
     @staticmethod
     def columns(num_clusters: int) -> list[str]:
@@ -59,8 +65,12 @@ class RoundRecord:
         """The one terminal line a round prints."""
         held = f"  held-out {self.heldout_accuracy:.4f}" if not math.isnan(self.heldout_accuracy) else ""
         epsilon = f"  epsilon {self.epsilon:.3g}" if not math.isnan(self.epsilon) else ""
+        # Said only when someone did not answer: a full round needs no remark.
+        missing = self.clients_asked - self.clients_answered
+        answered = f"  answered {self.clients_answered}/{self.clients_asked}" if missing > 0 else ""
         return (
-            f"round {self.round:>3}/{num_rounds}  accuracy {self.accuracy:.4f}  loss {self.loss:.4f}{held}{epsilon}  "
+            f"round {self.round:>3}/{num_rounds}  accuracy {self.accuracy:.4f}  loss {self.loss:.4f}{held}{epsilon}"
+            f"{answered}  "
             f"{self.seconds:5.1f} s"
         )
 
@@ -89,10 +99,14 @@ def default_run_name(config: RunConfig) -> str:
     )
 
 
+def results_base(config: RunConfig) -> Path:
+    """The folder run folders go in: ``results-dir``, else ``./results``; absolute."""
+    return (Path(config.results_dir).expanduser() if config.results_dir else Path.cwd() / "results").resolve()
+
+
 def unused_run_folder(config: RunConfig) -> Path:
     """Where this run's folder goes: absolute, and never an existing run's folder."""
-    base = Path(config.results_dir).expanduser() if config.results_dir else Path.cwd() / "results"
-    base = base.resolve()
+    base = results_base(config)
     name = config.run_name or default_run_name(config)
     folder, suffix = base / name, 1
     while folder.exists():
@@ -120,11 +134,22 @@ def run_status(folder: Path) -> str:
 
 # Settings holding paths: run.json records them relative to the run's folder, never this machine's.
 PATH_KEYS = ("results-dir", "data-dir")
+# How a run was started, not what it computes: run.json records resumes apart ("resumed").
+UNRECORDED_KEYS = ("resume",)
+#: Where a run that failed with an unexpected exception (not a ``FedcondError``) keeps its traceback.
+TRACEBACK_FILE = "traceback.txt"
+# Held by the process running the run in a folder (a resume of a run still going is refused).
+RUN_LOCK = ".fedcond-run.lock"
+# What run.json says of how a run ended; a resumed run is running again until it says anew.
+OUTCOME_KEYS = (
+    "status", "error", "finished", "rounds_completed", "final_accuracy", "final_heldout_accuracy", "final_loss",
+    "total_seconds",
+)  # fmt: skip
 
 
 def portable_config(config: RunConfig, folder: Path) -> dict[str, Any]:
     """``config``'s mapping with its paths relative to ``folder`` (unset paths stay empty)."""
-    mapping = config.to_mapping()
+    mapping = {key: value for key, value in config.to_mapping().items() if key not in UNRECORDED_KEYS}
     for key in PATH_KEYS:
         if mapping.get(key):
             mapping[key] = os.path.relpath(Path(mapping[key]).expanduser().resolve(), folder.resolve())
@@ -132,23 +157,65 @@ def portable_config(config: RunConfig, folder: Path) -> dict[str, Any]:
 
 
 class RunRecorder:
-    """Writes ``run.json`` at the start and end of a run, and a ``history.csv`` row per round."""
+    """Writes ``run.json`` at the start and end of a run, and a ``history.csv`` row per round.
 
-    def __init__(self, folder: Path, config: RunConfig, details: dict[str, Any], num_clusters: int) -> None:
+    Holds the folder's lock (``RUN_LOCK``) until the run finishes or fails, so that nothing resumes
+    a run that is still going; ``history`` are rounds finished before (a resumed run's).
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        config: RunConfig,
+        details: dict[str, Any],
+        num_clusters: int,
+        history: Sequence[RoundRecord] = (),
+    ) -> None:
         self.folder = folder
         self.num_clusters = num_clusters
         self.verbose = config.verbose
-        self.records: list[RoundRecord] = []
+        try:
+            self._lock: TextIO | None = locks.acquire(folder / RUN_LOCK)
+        except locks.Held as held:
+            raise FedcondError(f"{folder} is in use by another run (process {held.holder}); wait for it") from None
+        self.records: list[RoundRecord] = list(history)
         self._info: dict[str, Any] = {
             "config": portable_config(config, folder),
             **details,
             "versions": package_versions(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "status": "running",
+            # Every client that did not answer an instruction, and why (fedcond.participation).
+            "failures": [],
         }
         self._write_info()
-        with self.history_path.open("w", newline="") as handle:
-            csv.DictWriter(handle, RoundRecord.columns(num_clusters)).writeheader()
+        # Written whole and renamed: a resumed run's history is the checkpoint's, never a later row
+        # of the attempt that stopped between writing its row and its checkpoint.
+        columns = RoundRecord.columns(num_clusters)
+        temporary = self.folder / f".{self.history_path.name}.tmp"
+        with temporary.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, columns)
+            writer.writeheader()
+            writer.writerows(record.as_row(num_clusters) for record in self.records)
+        os.replace(temporary, self.history_path)
+
+    @classmethod
+    def reopen(
+        cls, folder: Path, config: RunConfig, num_clusters: int, history: Sequence[RoundRecord], note: dict[str, Any]
+    ) -> RunRecorder:
+        """Continue the run of ``folder`` after ``history``: run.json keeps what it said of the run
+        (when it started, its scenario...), drops how it ended, and adds ``note`` to ``resumed``."""
+        previous = json.loads((folder / "run.json").read_text())
+        kept = {key: value for key, value in previous.items() if key not in (*OUTCOME_KEYS, "config", "versions")}
+        kept["resumed"] = [*previous.get("resumed", []), {**note, "versions": package_versions()}]
+        earlier_traceback = folder / TRACEBACK_FILE
+        if earlier_traceback.exists():  # the stopped attempt's, kept apart from any of this one
+            earlier_traceback.replace(folder / f"traceback-before-resume-{len(kept['resumed'])}.txt")
+        recorder = cls(folder, config, kept, num_clusters, history)
+        recorder._info["versions"] = previous.get("versions", recorder._info["versions"])
+        recorder._info["started"] = previous.get("started", recorder._info["started"])
+        recorder._write_info()
+        return recorder
 
     @property
     def history_path(self) -> Path:
@@ -173,11 +240,26 @@ class RunRecorder:
             **(extra or {}),
         )
         self._write_info()
+        self.close()
+
+    def add_events(self, key: str, entries: list[dict[str, Any]]) -> None:
+        """Append ``entries`` to ``run.json``'s list ``key`` (``failures``, ``membership``) at once, so
+        a run that stops later still shows them."""
+        if entries:
+            self._info.setdefault(key, []).extend(entries)
+            self._write_info()
 
     def fail(self, reason: str) -> None:
         """Mark the run as stopped by an error (finished rounds stay in history.csv)."""
         self._info.update(status="failed", error=reason, rounds_completed=len(self.records))
         self._write_info()
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the folder (the run has ended, one way or another)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def _write_info(self) -> None:
         (self.folder / "run.json").write_text(json.dumps(self._info, indent=2, default=str) + "\n")
@@ -213,8 +295,16 @@ def open_run(
     return recorder
 
 
-#: Where a run that failed with an unexpected exception (not a ``FedcondError``) keeps its traceback.
-TRACEBACK_FILE = "traceback.txt"
+def reopen_run(
+    config: RunConfig, folder: Path, num_clusters: int, history: Sequence[RoundRecord], note: dict[str, Any]
+) -> RunRecorder:
+    """Continue the run in ``folder`` after the rounds of ``history`` (see ``RunRecorder.reopen``)."""
+    recorder = RunRecorder.reopen(folder, config, num_clusters, history, note)
+    if config.verbose:
+        print(f"fedcond: resuming {folder} from round {len(history) + 1} of {config.num_server_rounds}", flush=True)
+        if note.get("restarted_on_clients"):
+            print(f"fedcond: starting afresh (kept on clients): {note['restarted_on_clients']}", flush=True)
+    return recorder
 
 
 def error_line(error: BaseException) -> str:
@@ -250,5 +340,7 @@ def failures_recorded(recorder: RunRecorder) -> Iterator[RunRecorder]:
             (recorder.folder / TRACEBACK_FILE).write_text("".join(traceback.format_exception(error)))
         recorder.fail(error_line(error))
         raise
+    finally:
+        recorder.close()
     if recorder.verbose:
         print(f"fedcond: finished; history.csv and run.json written to {recorder.folder}", flush=True)

@@ -19,27 +19,42 @@ contribute training samples nor to the normalisation statistics; they are evalua
 own fingerprint (``pooled-conditional``) or their cluster's model (``pooled-oracle``), which asks
 whether the pooled model learnt to *describe* a distribution or to *identify* the training clients.
 
+After every round the run's checkpoint (``fedcond.checkpoint``) is replaced: the models, their
+optimisers' state (momentum) and batch-order generators, and the history, so that ``resume=``
+continues one centralised run exactly where it stopped.
+
 Comparing ``pooled-conditional`` with ``conditional`` separates "is our implementation of the
 method right" from "does the method survive federated averaging".
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedcond import fingerprint as fp
+from fedcond.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    check_resume,
+    resume_folder,
+    resumption_note,
+    run_info,
+    save_checkpoint,
+)
 from fedcond.client_data import ClientData, client_fingerprint, load_client_data
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import RoundRecord, RunRecorder, failures_recorded, open_run
+from fedcond.history import RoundRecord, RunRecorder, failures_recorded, open_run, reopen_run
 from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
-from fedcond.models import ConditionalCNN, build_run_model
+from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
 from fedcond.scenarios import scenario_for
-from fedcond.training import TrainSettings, evaluate, new_optimiser, pick_device, run_epochs
+from fedcond.training import MomentumSGD, TrainSettings, evaluate, new_optimiser, pick_device, run_epochs
 
 
 @dataclass(frozen=True)
@@ -66,7 +81,7 @@ class PooledModel:
     """One model of a pooled run, its pooled training data, and its optimiser and batch-order state."""
 
     model: ConditionalCNN
-    optimiser: torch.optim.Optimizer
+    optimiser: MomentumSGD
     generator: torch.Generator
     data: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
@@ -103,20 +118,51 @@ def _pooled_model(
 
 
 def run_pooled(config: RunConfig) -> RunRecorder:
-    """Train ``config.method`` (a pooled method) to the end; the results folder says how it went."""
+    """Train ``config.method`` (a pooled method) to the end; the results folder says how it went.
+
+    With ``resume`` set, the run continues in that folder from its checkpoint.
+    """
     if config.method not in POOLED_METHODS:
         raise FedcondError(f"'{config.method}' is not a pooled method; choose one of {', '.join(POOLED_METHODS)}")
+    folder = resume_folder(config)
+    checkpoint = check_resume(config) if folder is not None else None  # before anything is written
     config = config.resolved()
     spec = POOLED_METHODS[config.method]
     scenario = scenario_for(config)
-    recorder = open_run(config, scenario, config.method, spec.summary, spec.conditioned, {"protocol": "pooled"})
+    if folder is None or checkpoint is None:
+        recorder = open_run(config, scenario, config.method, spec.summary, spec.conditioned, {"protocol": "pooled"})
+    else:
+        note = resumption_note(checkpoint, run_info(folder))
+        recorder = reopen_run(config, folder, scenario.num_clusters, checkpoint.history, note)
     with failures_recorded(recorder):
-        _train_and_record(config, scenario.num_classes, spec.scope, spec.conditioned, recorder)
+        _train_and_record(config, scenario.num_classes, spec.scope, spec.conditioned, recorder, checkpoint)
     return recorder
 
 
+def _pooled_state(models: list[PooledModel]) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
+    """Each model's weights, and its optimiser's and batch-order generator's state."""
+    weights = {f"pooled-{index}": get_weights(m.model) for index, m in enumerate(models)}
+    values = {
+        "optimisers": [m.optimiser.state_dict() for m in models],
+        "generators": [m.generator.get_state() for m in models],
+    }
+    return weights, values
+
+
+def _load_pooled_state(models: list[PooledModel], checkpoint: Checkpoint) -> None:
+    for index, pooled in enumerate(models):
+        set_weights(pooled.model, checkpoint.models[f"pooled-{index}"])
+        pooled.optimiser.load_state_dict(checkpoint.values["optimisers"][index])
+        pooled.generator.set_state(checkpoint.values["generators"][index])
+
+
 def _train_and_record(
-    config: RunConfig, num_classes: int, scope: str, conditioned: bool, recorder: RunRecorder
+    config: RunConfig,
+    num_classes: int,
+    scope: str,
+    conditioned: bool,
+    recorder: RunRecorder,
+    checkpoint: Checkpoint | None = None,
 ) -> None:
     clients = [load_client_data(config, pid) for pid in range(config.num_clients)]
     training = clients[: config.num_training_clients]
@@ -129,8 +175,15 @@ def _train_and_record(
     # Which model each client (held-out ones too) is evaluated with: its cluster's, or the only one.
     model_of = {c.partition_id: models[c.cluster if scope == "cluster" else 0].model for c in clients}
     settings = TrainSettings.of(config)
+    rounds_before, elapsed_before = 0, 0.0
+    if checkpoint is not None:
+        _load_pooled_state(models, checkpoint)
+        rounds_before = checkpoint.round
+        elapsed_before = checkpoint.history[-1].elapsed_seconds if checkpoint.history else 0.0
     started = time.perf_counter()
-    for round_number in range(1, config.num_server_rounds + 1):
+    saving: list[float] = []
+    checkpoint_bytes = 0
+    for round_number in range(rounds_before + 1, config.num_server_rounds + 1):
         round_start = time.perf_counter()
         losses = [(run_epochs(m.model, m.optimiser, m.data, settings, m.generator), len(m.data[1])) for m in models]
         evaluations = {True: [], False: []}
@@ -150,13 +203,23 @@ def _train_and_record(
             loss=loss,
             train_loss=weighted_mean(losses),
             seconds=now - round_start,
-            elapsed_seconds=now - started,
+            elapsed_seconds=elapsed_before + now - started,
             bytes_down=0,
             bytes_up=0,
             cluster_accuracy=per_cluster,
             heldout_accuracy=heldout,
+            # In-process: every client's data is trained on and every client evaluates, none can fail.
+            clients_asked=len(clients),
+            clients_answered=len(clients),
         )
         recorder.add(record)
+        save_start = time.perf_counter()
+        weights, values = _pooled_state(models)
+        checkpoint_bytes = save_checkpoint(
+            recorder.folder, Checkpoint(round_number, list(recorder.records), weights, values)
+        )
+        saving.append(time.perf_counter() - save_start)
         if config.verbose:
             print(record.progress_line(config.num_server_rounds), flush=True)
-    recorder.finish()
+    cost = {"file": CHECKPOINT_FILE, "bytes": checkpoint_bytes, "seconds_per_round": statistics.fmean(saving)}
+    recorder.finish({"checkpoint": cost if saving else None})

@@ -1,51 +1,68 @@
-"""Round bookkeeping every fedcond strategy shares: time, bytes, evaluations, failures, printing."""
+"""Round bookkeeping every fedcond strategy shares: time, bytes, who answered, evaluations, printing."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TypeVar
 
 from flwr.common import EvaluateRes, FitRes, Parameters
 from flwr.server.client_proxy import ClientProxy
 
-from fedcond.errors import FedcondError
+from fedcond.config import Option
 from fedcond.history import RoundRecord, RunRecorder
-from fedcond.messages import ACCURACY, CLUSTER, EPSILON, ERROR, PARTITION_ID, TRAIN_LOSS
+from fedcond.messages import ACCURACY, CLUSTER, EPSILON, ERROR, TRAIN_LOSS
 from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
+from fedcond.participation import RoundParticipation
+from strategies.federation import failure_reason
+from strategies.membership import PartitionProxy
 
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
+Reply = TypeVar("Reply", FitRes, EvaluateRes)
+
+MIN_ANSWERED_FRACTION = Option(
+    "min-answered-fraction",
+    0.8,
+    "the fraction of a round's clients that must answer for the run to go on (Oracle, IFCA: also one per model)",
+    minimum=0,
+    maximum=1,
+)
 
 
 def parameters_bytes(parameters: Parameters) -> int:
     return sum(len(tensor) for tensor in parameters.tensors)
 
 
-def raise_on_failures(
-    failures: Failures, stage: str, results: Sequence[tuple[ClientProxy, FitRes | EvaluateRes]] = ()
-) -> None:
-    """A failed client makes the round's numbers wrong: stop with the client's own message.
+def answered_replies(
+    stage: str,
+    results: Sequence[tuple[ClientProxy, Reply]],
+    failures: Failures,
+    participation: RoundParticipation,
+) -> list[tuple[int, Reply]]:
+    """The replies that answered ``stage``, as (partition id, reply) in partition order (float sums
+    then do not depend on which client finished first); every other outcome goes to ``participation``.
 
-    Clients report their own errors as an ``ERROR`` metric (a one-line reason); anything else that
-    went wrong reaches here as an exception with a traceback, from which the reason is extracted.
+    A reply carrying the client's own ``ERROR`` metric is a failure with that reason; so is a reply
+    whose status is not OK. An exception (the client's, the transport's, an expired message) was
+    recorded by the ``PartitionProxy`` it went through, which alone knows whose it was.
     """
-    reported = [str(res.metrics[ERROR]) for _, res in results if ERROR in res.metrics]
-    if reported:
-        raise FedcondError(f"{len(reported)} client(s) failed in {stage}: {reported[0]}")
-    if not failures:
-        return
-    first = failures[0]
-    reason = str(first) if isinstance(first, BaseException) else str(first[1].status.message)
-    # A client's FedcondError arrives wrapped in a traceback: surface its one-line message.
-    for line in reversed(reason.splitlines()):
-        if "FedcondError:" in line:
-            reason = line.split("FedcondError:", 1)[1].strip()
-            break
-    raise FedcondError(f"{len(failures)} client(s) failed in {stage}: {reason}")
+    answered = []
+    for proxy, res in results:
+        partition = partition_of(proxy)
+        if ERROR in res.metrics:
+            participation.fail(stage, partition, str(res.metrics[ERROR]))
+        else:
+            answered.append((partition, res))
+    for failure in failures:
+        if not isinstance(failure, BaseException):
+            participation.fail(stage, partition_of(failure[0]), failure_reason(failure[1].status.message))
+    return sorted(answered, key=lambda pair: pair[0])
 
 
-def by_partition(results: Sequence[tuple[ClientProxy, FitRes]]) -> list[tuple[ClientProxy, FitRes]]:
-    """Results in partition order: float sums then do not depend on which client finished first."""
-    return sorted(results, key=lambda pair: int(pair[1].metrics[PARTITION_ID]))
+def partition_of(proxy: ClientProxy) -> int:
+    if not isinstance(proxy, PartitionProxy):
+        raise TypeError("fedcond strategies instruct PartitionProxy objects only; configure_fit/evaluate made these")
+    return proxy.partition_id
 
 
 class RoundTracker:
@@ -56,6 +73,8 @@ class RoundTracker:
         self.num_rounds = num_rounds
         self.verbose = verbose
         self.run_start: float | None = None
+        # Seconds the rounds before a resume took: elapsed_seconds goes on from there.
+        self.elapsed_before = 0.0
         self.round_start = 0.0
         self.bytes_down = 0
         self.bytes_up = 0
@@ -69,6 +88,10 @@ class RoundTracker:
             self.run_start = self.round_start
         self.bytes_down = self.bytes_up = 0
 
+    def resume_after(self, history: Sequence[RoundRecord]) -> None:
+        """Go on from the rounds a resumed run finished before."""
+        self.elapsed_before = history[-1].elapsed_seconds if history else 0.0
+
     def sent(self, num_bytes: int) -> None:
         self.bytes_down += num_bytes
 
@@ -80,7 +103,7 @@ class RoundTracker:
     def set_ari(self, value: float) -> None:
         self.ari = value
 
-    def received_fit(self, results: Sequence[tuple[ClientProxy, FitRes]], count_bytes: bool = True) -> None:
+    def received_fit(self, results: Sequence[tuple[int, FitRes]], count_bytes: bool = True) -> None:
         if count_bytes:
             self.bytes_up += sum(parameters_bytes(res.parameters) for _, res in results)
         self.train_loss = weighted_mean((float(res.metrics[TRAIN_LOSS]), res.num_examples) for _, res in results)
@@ -91,11 +114,13 @@ class RoundTracker:
     def finish_round(
         self,
         server_round: int,
-        results: Sequence[tuple[ClientProxy, EvaluateRes]],
-        held_out: Sequence[tuple[ClientProxy, EvaluateRes]] = (),
+        results: Sequence[tuple[int, EvaluateRes]],
+        held_out: Sequence[tuple[int, EvaluateRes]] = (),
+        counts: dict[str, int] | None = None,
     ) -> RoundRecord:
         """The round's record from the training clients' evaluations (``results``) and, kept apart,
-        the held-out clients' (``heldout_accuracy``: NaN when there are none)."""
+        the held-out clients' (``heldout_accuracy``: NaN when there are none); ``counts`` says who
+        took part (``RoundParticipation.counts``). Only evaluations that came back count."""
         accuracy, loss, per_cluster = summarise_evaluations(_evaluations(results))
         heldout_accuracy = summarise_evaluations(_evaluations(held_out))[0] if held_out else float("nan")
         now = time.perf_counter()
@@ -105,13 +130,14 @@ class RoundTracker:
             loss=loss,
             train_loss=self.train_loss,
             seconds=now - self.round_start,
-            elapsed_seconds=now - (self.run_start or self.round_start),
+            elapsed_seconds=self.elapsed_before + now - (self.run_start or self.round_start),
             bytes_down=self.bytes_down,
             bytes_up=self.bytes_up,
             cluster_accuracy=per_cluster,
             ari=self.ari,
             heldout_accuracy=heldout_accuracy,
             epsilon=self.epsilon,
+            **(counts or {}),
         )
         if self.recorder is not None:
             self.recorder.add(record)
@@ -120,7 +146,7 @@ class RoundTracker:
         return record
 
 
-def _evaluations(results: Sequence[tuple[ClientProxy, EvaluateRes]]) -> list[ClientEvaluation]:
+def _evaluations(results: Sequence[tuple[int, EvaluateRes]]) -> list[ClientEvaluation]:
     return [
         ClientEvaluation(
             cluster=int(res.metrics[CLUSTER]),

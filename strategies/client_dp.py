@@ -15,9 +15,10 @@ Two things the wrappers take for granted that fedcond must provide, done here ra
   The wrapper therefore hands the inner strategy every result with one example, so FedAvg averages
   uniformly (the round's train_loss is then an unweighted mean too).
 - Flower's wrappers return "no new model" on any failure, silently, and the server-side one clips
-  an empty error reply against the model (a ValueError): failures go through fedcond's own
-  ``raise_on_failures`` first, so a failed client ends the run with its one-line reason as before.
-  A round with fewer clients would also need more noise than was calibrated: no partial rounds.
+  an empty error reply against the model (a ValueError): the replies go through the inner
+  strategy's failure accounting first (``answered_replies``, its failure policy), and a round that
+  lost any client then stops the run in one line: the noise is calibrated to every training client
+  answering, and a partial round would be less private than its recorded epsilon.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from fedcond.config import Option, RunConfig
 from fedcond.datasets import dataset_spec
 from fedcond.errors import FedcondError
 from fedcond.models import build_run_model
+from fedcond.participation import FIT
 from fedcond.privacy import DP_DELTA, check_delta, gaussian_rounds_epsilon
-from strategies.accounting import Failures, raise_on_failures
+from strategies.accounting import Failures, answered_replies
 from strategies.base import FedcondStrategy
 from strategies.fedavg import FedcondFedAvg
 
@@ -81,12 +83,24 @@ def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None) -
 class _FedcondClientDp:
     """What both wrappers need on top of Flower's (see the module docstring)."""
 
+    strategy: FedcondStrategy
+    num_sampled_clients: int
+
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        raise_on_failures(failures, f"training round {server_round}", results)
+        inner = self.strategy
+        answered = answered_replies(FIT, results, failures, inner.participation)
+        inner.enforce_policy(FIT)  # records the failures; stops the run below min-answered-fraction
+        if len(answered) < self.num_sampled_clients:
+            first = inner.participation.failures[0].line() if inner.participation.failures else "none recorded"
+            raise FedcondError(
+                f"round {server_round}: {len(answered)} of {self.num_sampled_clients} clients answered fit, and "
+                "client-dp's noise is calibrated to all of them (a partial round is less private than its "
+                f"epsilon says); first: {first}; fix those clients or set client-dp=off"
+            )
         uniform = [(proxy, FitRes(res.status, res.parameters, 1, res.metrics)) for proxy, res in results]
-        return super().aggregate_fit(server_round, uniform, failures)  # type: ignore[misc]
+        return super().aggregate_fit(server_round, uniform, [])  # type: ignore[misc]
 
 
 class ServerSideClientDp(_FedcondClientDp, DifferentialPrivacyServerSideFixedClipping):

@@ -2,47 +2,66 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_proxy import ClientProxy
-from sklearn.metrics import adjusted_rand_score
 
 from fedcond.aggregation import Model, average_per_group
 from fedcond.errors import FedcondError
-from fedcond.messages import CHOICE, CLUSTER, STEP, STEP_IDENTITY
+from fedcond.messages import CHOICE, CLUSTER
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
-from strategies.federation import ask_all
 
 
 class ClusterModels(FedcondStrategy):
-    """K models on the server; each client is assigned one, and each model averages its clients."""
+    """K models on the server; each client is assigned one, and each model averages its clients.
+
+    A round needs at least one answering client per model (K), whatever ``min-answered-fraction``
+    allows; a model none of whose clients answered keeps its parameters for that round.
+    """
 
     def __init__(self, inputs: StrategyInputs, models: list[Model]) -> None:
         super().__init__(inputs)
         self.models = models
-        self.assignment: dict[str, int] = {}
+        #: Partition id -> the model it is assigned (Oracle: its true cluster; IFCA: its last choice).
+        self.assignment: dict[int, int] = {}
 
-    def model_of(self, proxy: ClientProxy) -> Parameters:
-        return ndarrays_to_parameters(self.models[self.assignment[proxy.cid]])
+    def model_of(self, partition_id: int) -> Parameters:
+        return ndarrays_to_parameters(self.models[self.assignment[partition_id]])
 
-    def evaluate_parameters(self, proxy: ClientProxy, current: Parameters) -> Parameters:
-        return self.model_of(proxy)
+    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        return self.model_of(partition_id)
 
-    def groups(self, results: list[tuple[ClientProxy, FitRes]]) -> list[int]:
+    def answer_floor(self) -> int:
+        return len(self.models)
+
+    def groups(self, results: list[tuple[int, FitRes]]) -> list[int]:
         raise NotImplementedError
 
-    def combine(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> Parameters | None:
+    def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         groups = self.groups(results)
         updates = [parameters_to_ndarrays(res.parameters) for _, res in results]
         self.models = average_per_group(self.models, updates, groups, [res.num_examples for _, res in results])
         return None
 
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        models, values = super().state()
+        models.update({f"cluster-{index}": model for index, model in enumerate(self.models)})
+        # JSON-like keys: the partition id, as text.
+        values["assignment"] = {str(pid): cluster for pid, cluster in self.assignment.items()}
+        return models, values
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        super().load_state(models, values)
+        self.models = [models[f"cluster-{index}"] for index in range(len(self.models))]
+        self.assignment = {int(pid): int(cluster) for pid, cluster in values["assignment"].items()}
+
 
 class OracleStrategy(ClusterModels):
     """Oracle: FedAvg within each true cluster, one model per cluster.
 
-    The server asks every client its true cluster before round 1, which no real method could do:
-    Oracle is the reference that shows what perfect clustering achieves, not a competitor. A held-out
-    client evaluates its true cluster's model.
+    The server asks every client its true cluster before round 1 (with its partition id), which no
+    real method could do: Oracle is the reference that shows what perfect clustering achieves, not a
+    competitor. A held-out client evaluates its true cluster's model.
     """
 
     serves_held_out_clients = True
@@ -50,15 +69,14 @@ class OracleStrategy(ClusterModels):
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs, [initial_weights(inputs) for _ in range(inputs.config.num_clusters)])
 
-    def on_start(self, proxies: list[ClientProxy]) -> None:
-        answers = ask_all(proxies, {STEP: STEP_IDENTITY})
-        self.assignment = {proxy.cid: int(answer[CLUSTER]) for proxy, answer in zip(proxies, answers, strict=True)}
+    def on_start(self) -> None:
+        self.assignment = dict(self.membership.clusters)
 
-    def fit_parameters(self, proxy: ClientProxy, current: Parameters) -> Parameters:
-        return self.model_of(proxy)
+    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        return self.model_of(partition_id)
 
-    def groups(self, results: list[tuple[ClientProxy, FitRes]]) -> list[int]:
-        return [self.assignment[proxy.cid] for proxy, _ in results]
+    def groups(self, results: list[tuple[int, FitRes]]) -> list[int]:
+        return [self.assignment[partition] for partition, _ in results]
 
 
 class IfcaStrategy(ClusterModels):
@@ -67,22 +85,35 @@ class IfcaStrategy(ClusterModels):
     Every round all K models go to every client (K times FedAvg's download); each client returns
     its trained choice, and each model becomes the sample-weighted average of the clients that chose
     it (a model nobody chose is kept). K = ``num-clusters``, models randomly initialised with
-    distinct seeds, no restarts. Clients evaluate the model they chose last. The Adjusted Rand Index
-    between choices and true clusters is recorded every round.
+    distinct seeds, no restarts. Clients evaluate the model they chose last; a client that has not
+    chosen yet (its training failed so far) receives all K and evaluates its lowest-loss one. The
+    Adjusted Rand Index between choices and true clusters is recorded every round.
     """
 
     def __init__(self, inputs: StrategyInputs) -> None:
         seeds = [inputs.config.seed * 1000 + k for k in range(inputs.config.num_clusters)]
         super().__init__(inputs, [initial_weights(inputs, seed) for seed in seeds])
 
-    def fit_parameters(self, proxy: ClientProxy, current: Parameters) -> Parameters:
+    def all_models(self) -> Parameters:
         return ndarrays_to_parameters([array for model in self.models for array in model])
 
-    def groups(self, results: list[tuple[ClientProxy, FitRes]]) -> list[int]:
+    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        return self.all_models()
+
+    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        if partition_id not in self.assignment:
+            return self.all_models()
+        return self.model_of(partition_id)
+
+    def groups(self, results: list[tuple[int, FitRes]]) -> list[int]:
         choices = [int(res.metrics[CHOICE]) for _, res in results]
         if any(not 0 <= choice < len(self.models) for choice in choices):
             raise FedcondError("an IFCA client chose a model that does not exist; server and client disagree on K")
-        self.assignment.update({proxy.cid: choice for (proxy, _), choice in zip(results, choices, strict=True)})
+        self.assignment.update({partition: choice for (partition, _), choice in zip(results, choices, strict=True)})
         truth = [int(res.metrics[CLUSTER]) for _, res in results]
+        # Imported here, on the server: the registry makes every ClientApp import this module, and
+        # scikit-learn (with scipy.stats) costs ~0.9 s in each deployed ClientApp process (one per message).
+        from sklearn.metrics import adjusted_rand_score
+
         self.tracker.set_ari(float(adjusted_rand_score(truth, choices)))
         return choices

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_proxy import ClientProxy
 
 from fedcond.aggregation import weighted_average
 from strategies.base import FedcondStrategy, initial_weights
 
 
 class FedcondFedAvg(FedcondStrategy):
-    """FedAvg (McMahan et al. 2017) with every client taking part in every round.
+    """FedAvg (McMahan et al. 2017) with every client asked in every round.
 
     Each round all clients train the global model locally and return it; the new global model is
-    their average weighted by training samples, in partition order so that the same seed gives the
+    the average of the models that came back, weighted by training samples (so the weights are
+    renormalised over the clients that answered), in partition order so that the same seed gives the
     same numbers. Then every client evaluates the new global model on its own test set. Used by
     ``fedavg``, ``conditional`` (clients feed their fingerprint) and ``ditto`` (clients also keep a
     personal model). A held-out client evaluates the global model (fed its own fingerprint).
@@ -24,7 +24,7 @@ class FedcondFedAvg(FedcondStrategy):
     def initial_global(self) -> Parameters:
         return ndarrays_to_parameters(initial_weights(self.inputs))
 
-    def combine(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> Parameters | None:
+    def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         # Decoded one at a time as the average consumes them (peak memory: one model, not one per client).
         models = (parameters_to_ndarrays(res.parameters) for _, res in results)
         return ndarrays_to_parameters(weighted_average(models, [res.num_examples for _, res in results]))

@@ -1,9 +1,11 @@
-"""Talking to the whole federation before round 1: check its size, ask every client a question, and
-run the secure sum of fingerprint statistics for federated normalisation."""
+"""Talking to the federation: check its size, ask clients a question, tell why a client did not
+answer (failed or timed out), and run the secure sum of fingerprint statistics."""
 
 from __future__ import annotations
 
 import os
+import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -13,7 +15,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedcond import fingerprint as fp
 from fedcond import secure_sum
-from fedcond.config import RunConfig
+from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import (
     ERROR,
@@ -27,6 +29,69 @@ from fedcond.messages import (
     UINT64,
     array_from_bytes,
 )
+from fedcond.participation import FAILED, NODE_LEFT, TIMED_OUT
+
+ROUND_TIMEOUT = Option(
+    "round-timeout",
+    3600,
+    "seconds a client has to answer each instruction (the lifetime of Flower's message); 0: Flower's 12 hours",
+    minimum=0,
+)
+
+# How Flower's SuperLink says a message got no reply (the texts of its error replies, in
+# flwr.server.superlink.linkstate.utils; importing that module costs seconds, so matched here and
+# checked against it in the tests): the instruction or its reply outlived its lifetime, or was
+# deleted with its node, or the node stopped sending heartbeats.
+MESSAGE_UNAVAILABLE = "Message Unavailable"
+REPLY_EXPIRED = "The reply message has expired"
+NODE_UNAVAILABLE = "Node Unavailable"
+# How Flower's legacy client proxy words an error reply, and how it words a ClientApp's exception.
+FLOWER_WRAPPER = re.compile(r"Message contains an Error \(reason: (.*)\)\. It originated", re.DOTALL)
+EXCEPTION_TEXT = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>", re.DOTALL)
+
+
+def message_timeout(config: RunConfig) -> float | None:
+    """``round-timeout`` as Flower takes it (a message's TTL): None for no limit of fedcond's own."""
+    seconds = ROUND_TIMEOUT.of(config)
+    return float(seconds) if seconds > 0 else None
+
+
+def failure_reason(error: BaseException | str) -> str:
+    """The one line that says why a client failed, from what reached the server.
+
+    Flower wraps what a ClientApp raised in its own words: ``Message contains an Error (reason:
+    ...)`` around ``<class 'X'>:<'message'>`` (deployment) or a ``ClientAppException`` whose text
+    ends in ``Message: <message>`` (simulation). A client's own ``FedcondError`` may also arrive
+    inside a traceback. The reason is the client's message, with its exception's name unless it is
+    a ``FedcondError`` (whose message names the fix).
+    """
+    text = str(error)
+    if wrapped := FLOWER_WRAPPER.search(text):
+        text = wrapped.group(1)
+    for line in reversed(text.splitlines()):
+        if "FedcondError:" in line:
+            return line.split("FedcondError:", 1)[1].strip()
+    if "Message: " in text:
+        text = text.rsplit("Message: ", 1)[1].removesuffix("'>")
+    elif raised := EXCEPTION_TEXT.fullmatch(text.strip()):
+        name, message = raised.groups()
+        text = message if name == "FedcondError" else f"{name}: {message}"
+    return " ".join(text.split()) or type(error).__name__
+
+
+def classify_failure(error: BaseException, seconds: float, timeout: float | None) -> tuple[str, str]:
+    """(outcome, reason) of an instruction that raised after ``seconds``: timed out when its message
+    outlived ``timeout``, failed with "node left" when its node went away, else failed with the
+    client's own reason."""
+    text = str(error)
+    if NODE_UNAVAILABLE in text:
+        return FAILED, NODE_LEFT
+    if MESSAGE_UNAVAILABLE in text or REPLY_EXPIRED in text:
+        if timeout is not None and seconds >= timeout:
+            return TIMED_OUT, f"no answer within round-timeout={timeout:g} s"
+        # Gone before its lifetime ended: Flower deleted it with its node.
+        return FAILED, NODE_LEFT
+    return FAILED, failure_reason(error)
 
 
 def all_clients(client_manager: ClientManager, config: RunConfig) -> list[ClientProxy]:
@@ -45,29 +110,50 @@ def all_clients(client_manager: ClientManager, config: RunConfig) -> list[Client
     return list(client_manager.all().values())
 
 
-def ask_all(proxies: list[ClientProxy], config: dict[str, object]) -> list[dict[str, object]]:
-    def ask(proxy: ClientProxy) -> dict[str, object]:
-        response = proxy.get_properties(GetPropertiesIns(config=config), timeout=None, group_id=0)
+def ask_each(
+    proxies: list[ClientProxy], question: dict[str, object], timeout: float | None
+) -> list[dict[str, object] | str]:
+    """Ask every client ``question`` at once; each client's answer, or the one-line reason it gave none."""
+
+    def ask(proxy: ClientProxy) -> dict[str, object] | str:
+        started = time.monotonic()
+        try:
+            response = proxy.get_properties(GetPropertiesIns(config=question), timeout=timeout, group_id=0)
+        except Exception as error:  # the client's exception, its node's departure or an expired message
+            return classify_failure(error, time.monotonic() - started, timeout)[1]
         if response.status.code != Code.OK:
-            raise FedcondError(f"a client failed to answer before round 1: {response.status.message}")
+            return failure_reason(response.status.message)
         if ERROR in response.properties:
-            raise FedcondError(f"a client failed to answer before round 1: {response.properties[ERROR]}")
+            return str(response.properties[ERROR])
         return response.properties
 
+    if not proxies:
+        return []
     with ThreadPoolExecutor(max_workers=min(len(proxies), 16)) as pool:
         return list(pool.map(ask, proxies))
 
 
-def federated_fingerprint_statistics(proxies: list[ClientProxy], dim: int) -> tuple[np.ndarray, np.ndarray, int]:
+def ask_all(proxies: list[ClientProxy], question: dict[str, object], timeout: float | None) -> list[dict[str, object]]:
+    """Every client's answer to ``question`` before round 1; the first failure stops the run (one line)."""
+    answers = ask_each(proxies, question, timeout)
+    for answer in answers:
+        if isinstance(answer, str):
+            raise FedcondError(f"a client failed to answer before round 1: {answer}")
+    return answers  # type: ignore[return-value]
+
+
+def federated_fingerprint_statistics(
+    proxies: list[ClientProxy], dim: int, timeout: float | None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Mean and std of the clients' raw fingerprints, from a secure sum of (f, f^2, 1).
 
     The server learns the sum of fingerprints, the sum of their squares and the number of clients,
     nothing per client. Returns (mean, std, bytes exchanged).
     """
-    keys = ask_all(proxies, {STEP: STEP_KEYS})
+    keys = ask_all(proxies, {STEP: STEP_KEYS}, timeout)
     packed = secure_sum.pack_keys([answer[PUBLIC_KEY] for answer in keys])
     session = os.urandom(16)
-    answers = ask_all(proxies, {STEP: STEP_SHARE, PUBLIC_KEYS: packed, SESSION: session})
+    answers = ask_all(proxies, {STEP: STEP_SHARE, PUBLIC_KEYS: packed, SESSION: session}, timeout)
     shares = [array_from_bytes(answer[SHARE], SHARE, UINT64) for answer in answers]
     total = secure_sum.open_sum(shares)
     if len(total) != 2 * dim + 1:

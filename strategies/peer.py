@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_proxy import ClientProxy
 
 from fedcond.aggregation import (
     Model,
@@ -23,7 +24,8 @@ NEIGHBOURS = Option("dac-neighbours", 3, "DAC: how many most similar peers each 
 
 class PeerToPeer(FedcondStrategy):
     """Every client owns a model, held here only to simulate the network; each client receives
-    its own. After local training, ``mix`` lets clients exchange models; only those peer exchanges
+    its own. After local training, ``mix`` lets the clients that answered exchange models; a client
+    that did not answer is absent from the exchange and keeps its model. Only those peer exchanges
     are counted as communication (a real deployment would not route models through a server).
     """
 
@@ -31,35 +33,47 @@ class PeerToPeer(FedcondStrategy):
 
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs)
-        self.models: dict[str, Model] = {}
+        #: Partition id -> that client's model.
+        self.models: dict[int, Model] = {}
         self.model_bytes = 0
 
-    def on_start(self, proxies: list[ClientProxy]) -> None:
+    def on_start(self) -> None:
         start = initial_weights(self.inputs)
-        self.models = {proxy.cid: start for proxy in proxies}
+        self.models = {partition: start for partition in self.training_partitions}
         self.model_bytes = parameters_bytes(ndarrays_to_parameters(start))
 
-    def fit_parameters(self, proxy: ClientProxy, current: Parameters) -> Parameters:
-        return ndarrays_to_parameters(self.models[proxy.cid])
+    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        return ndarrays_to_parameters(self.models[partition_id])
 
     evaluate_parameters = fit_parameters
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
-        """The models after this round's exchanges, and how many models were sent peer to peer."""
+        """The models after this round's exchanges between the clients that answered (in partition
+        order), and how many models were sent peer to peer."""
         raise NotImplementedError
 
-    def combine(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> Parameters | None:
+    def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         trained = [parameters_to_ndarrays(res.parameters) for _, res in results]
         mixed, transfers = self.mix(server_round, trained)
-        self.models.update({proxy.cid: model for (proxy, _), model in zip(results, mixed, strict=True)})
+        self.models.update({partition: model for (partition, _), model in zip(results, mixed, strict=True)})
         self.tracker.peer_exchange(transfers * self.model_bytes)
         return None
 
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        models, values = super().state()
+        models.update({f"client-{pid}": model for pid, model in self.models.items()})
+        return models, values
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        super().load_state(models, values)
+        prefix = "client-"
+        self.models = {int(name[len(prefix) :]): model for name, model in models.items() if name.startswith(prefix)}
+
 
 class GossipStrategy(PeerToPeer):
-    """Gossip: each round, after local training, clients are paired by a fresh random matching
-    (a random topology; one client sits out when the count is odd) and each pair averages its two
-    models. Pairing is seeded by (seed, round): same seed, same pairs.
+    """Gossip: each round, after local training, the clients that answered are paired by a fresh
+    random matching (a random topology; one client sits out when the count is odd) and each pair
+    averages its two models. Pairing is seeded by (seed, round): same seed and same clients, same pairs.
     """
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
@@ -70,7 +84,8 @@ class GossipStrategy(PeerToPeer):
 class DacStrategy(PeerToPeer):
     """DAC (Listo Zec et al. 2022), the paper's variant: after local training each client averages
     its model uniformly with its ``dac-neighbours`` most similar peers by cosine similarity of the
-    model parameters (deterministic top-k, ties to the lower partition id). Default k = 3.
+    model parameters (deterministic top-k, ties to the lower partition id), among the clients that
+    answered. Default k = 3.
     """
 
     options = (NEIGHBOURS,)

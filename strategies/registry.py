@@ -19,6 +19,7 @@ from clients.ifca_client import IfcaClient
 from clients.local_client import LocalClient
 from clients.numpy_client import FedcondClient
 from fedcond import privacy
+from fedcond.checkpoint import RESUME, check_resume, resume_folder
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.pooled import POOLED_METHODS
@@ -47,7 +48,14 @@ class Method:
 
     @property
     def options(self) -> tuple[Option, ...]:
-        return tuple(option for part in (self.client, self.strategy) if part is not None for option in part.options)
+        """The method's own settings and, for a federated method, the round protocol's."""
+        own = tuple(option for part in (self.client, self.strategy) if part is not None for option in part.options)
+        return own + (self.strategy.protocol_options if self.strategy is not None else ())
+
+    @property
+    def state_lost_on_resume(self) -> str:
+        """What a resumed run of this method starts afresh (kept on clients, not in the checkpoint)."""
+        return self.client.state_lost_on_resume if self.client is not None else ""
 
     @property
     def serves_held_out_clients(self) -> bool:
@@ -82,11 +90,16 @@ def get_method(name: str) -> Method:
     return methods[name]
 
 
+#: Settings of a run rather than of a method, declared next to the code that reads them.
+RUN_OPTIONS = (RESUME,)
+
+
 def declared_options() -> tuple[Option, ...]:
-    """Every method's options, each once (methods may share a class), then the privacy settings
-    every federated method has (sample-level: fedcond.privacy; client-level: strategies.client_dp)."""
+    """Every method's options, each once (methods may share a class), the privacy settings every
+    federated method has (sample-level: fedcond.privacy; client-level: strategies.client_dp), and
+    the run's own."""
     unique = {option.key: option for method in registry().values() for option in method.options}
-    unique.update({option.key: option for option in (*privacy.OPTIONS, *client_dp.OPTIONS)})
+    unique.update({option.key: option for option in (*privacy.OPTIONS, *client_dp.OPTIONS, *RUN_OPTIONS)})
     return tuple(unique.values())
 
 
@@ -120,7 +133,8 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
     """Every check a run has before anything starts; returns its method.
 
     ``RunConfig`` has already checked each value on its own; this checks how they fit together
-    (dataset, scenario, encoder, method, held-out clients). With ``load_data`` it also reads and
+    (dataset, scenario, encoder, method, held-out clients) and, with ``resume``, that the run it
+    names can go on with these settings (``fedcond.checkpoint.check_resume``). With ``load_data`` it also reads and
     splits the data, so missing files or clients with too few samples stop the run here too.
     """
     validate_without_data(config)
@@ -133,6 +147,8 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"(compare: --methods {','.join(supported)})"
         )
     check_privacy(config, method)
+    if resume_folder(config) is not None:
+        check_resume(config)
     if load_data:
         scenario_for(config)
     return method
@@ -150,6 +166,12 @@ def check_privacy(config: RunConfig, method: Method) -> None:
         raise FedcondError(
             f"dp-noise-multiplier cannot make {method.name} private: its clients also send a choice computed "
             "from their training data, which DP-SGD does not cover; set dp-noise-multiplier=0 or pick another method"
+        )
+    if sample_level.enabled and resume_folder(config) is not None:
+        raise FedcondError(
+            "resume with sample-level DP (dp-noise-multiplier, fingerprint-epsilon): each client keeps its privacy "
+            "ledger (and its noised fingerprint) in Flower's context.state, which a resumed run starts empty, so its "
+            "epsilon would restart from 0; start the run again without resume"
         )
     privacy.check_sample_level(config, method.conditioned)
     client_dp.check_client_dp(config, method.strategy)

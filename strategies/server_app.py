@@ -9,17 +9,25 @@ from flwr.server import Grid, ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 
 from fedcond import privacy
+from fedcond.checkpoint import load_checkpoint, resume_folder, resumption_note, run_info
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
-from fedcond.history import RunRecorder, error_line, failures_recorded, open_run
+from fedcond.errors import FedcondError
+from fedcond.history import RunRecorder, error_line, failures_recorded, open_run, reopen_run
 from fedcond.scenarios import scenario_for
 from strategies import client_dp
 from strategies.base import StrategyInputs
+from strategies.checkpointing import CheckpointingServer
+from strategies.federation import message_timeout
 from strategies.registry import check_run, federated, run_config
 
 
 def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
-    """Everything the ServerApp does, given its settings; returns the run's recorder."""
+    """Everything the ServerApp does, given its settings; returns the run's recorder.
+
+    With ``resume`` set, the run continues in that folder from its checkpoint (``check_run`` has
+    refused a resume that cannot be).
+    """
     method = check_run(config)
     _, strategy_class = federated(method)
     config = config.resolved()
@@ -33,13 +41,29 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         "sample_level": privacy.describe(config, method.conditioned),
         "client_level": client_dp.describe(config),
     }
-    recorder = open_run(
-        config, scenario, method.name, method.summary, method.conditioned, extra={"privacy": privacy_details}
-    )
+    folder = resume_folder(config)
+    checkpoint = None
+    if folder is None:
+        recorder = open_run(
+            config, scenario, method.name, method.summary, method.conditioned, extra={"privacy": privacy_details}
+        )
+    else:
+        checkpoint = load_checkpoint(folder)
+        if checkpoint is None:
+            raise FedcondError(f"resume={folder}: its checkpoint went away; start the run again without resume")
+        note = resumption_note(checkpoint, run_info(folder), method.state_lost_on_resume)
+        recorder = reopen_run(config, folder, scenario.num_clusters, checkpoint.history, note)
+    rounds_before = checkpoint.round if checkpoint else 0
     with failures_recorded(recorder):
-        strategy = strategy_class(StrategyInputs(config, scenario.num_classes, method.conditioned, recorder))
-        served = client_dp.with_client_dp(strategy, config)  # Flower's DP wrapper, when client-dp asks for one
-        start_grid(grid=grid, strategy=served, config=ServerConfig(num_rounds=config.num_server_rounds))
+        inputs = StrategyInputs(config, scenario.num_classes, method.conditioned, recorder, checkpoint)
+        strategy = strategy_class(inputs)
+        # Flower's DP wrapper around the strategy, when client-dp asks for one.
+        server = CheckpointingServer(strategy, recorder, rounds_before, client_dp.with_client_dp(strategy, config))
+        # Flower gives every fit and evaluate message round_timeout as its lifetime (TTL).
+        rounds_left = config.num_server_rounds - rounds_before
+        server_config = ServerConfig(num_rounds=rounds_left, round_timeout=message_timeout(config))
+        start_grid(grid=grid, server=server, config=server_config)
+        recorder.finish({"secure_sum_bytes": strategy.secure_sum_bytes, "checkpoint": server.checkpoint_cost()})
     return recorder
 
 

@@ -7,7 +7,9 @@ tests use; ``fedcond run`` goes through ``flwr run`` instead. Ray binds to 127.0
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
+from flwr.clientapp.typing import Mod
 from flwr.common.logger import FLOWER_LOGGER
 from flwr.simulation import run_simulation
 
@@ -32,11 +34,13 @@ def simulate(
     cpus_per_client: float = 1.0,
     gpus_per_client: float = 0.0,
     quiet: bool = False,
+    client_mods: Sequence[Mod] = (),
 ) -> None:
     """Run ``config`` to the end (its results folder records whether it finished or failed).
 
     ``quiet`` keeps Flower's INFO and WARNING lines off the terminal (errors still show),
-    for callers that report progress themselves.
+    for callers that report progress themselves. ``client_mods`` are Flower mods around every
+    client message (the tests inject faults with them).
     """
     level = FLOWER_LOGGER.level
     if quiet:
@@ -44,7 +48,7 @@ def simulate(
     try:
         run_simulation(
             server_app=make_server_app(config),
-            client_app=make_client_app(config),
+            client_app=make_client_app(config, client_mods),
             num_supernodes=num_supernodes or config.num_clients,
             backend_config=backend_config(cpus_per_client, gpus_per_client),  # type: ignore[arg-type]
         )

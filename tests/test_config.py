@@ -16,8 +16,9 @@ def test_pyproject_defaults_are_a_valid_config():
 def test_methods_declare_their_options_and_pyproject_lists_them():
     # Flower accepts only run-config keys the app declares: every method option must be there too.
     keys = {option.key for option in declared_options()}
+    # resume is the run's own setting; min-answered-fraction and round-timeout the round protocol's.
     assert keys == {
-        "ditto-lambda", "ditto-personal-epochs", "dac-neighbours",
+        "ditto-lambda", "ditto-personal-epochs", "dac-neighbours", "min-answered-fraction", "round-timeout", "resume",
         "dp-noise-multiplier", "dp-max-grad-norm", "dp-delta", "fingerprint-epsilon",
         "client-dp", "client-dp-noise-multiplier", "client-dp-clipping-norm",
     }  # fmt: skip
@@ -29,6 +30,13 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
     with pytest.raises(FedcondError, match="unknown run-config key 'ditto-lambda'"):
         RunConfig.from_mapping({"ditto-lambda": 1.0})  # without the registry's declarations
     assert Option("x", 4, "an option").of(RunConfig()) == 4  # a config built without it: the default
+    # The round protocol's settings belong to every federated method, none to the pooled ones.
+    assert {"min-answered-fraction", "round-timeout"} <= {option.key for option in get_method("local").options}
+    assert get_method("pooled-global").options == ()
+    with pytest.raises(FedcondError, match=r"min-answered-fraction must be at most 1 \(got 1.5\)"):
+        run_config({"min-answered-fraction": 1.5})
+    with pytest.raises(FedcondError, match=r"round-timeout must be at least 0 \(got -1\)"):
+        run_config({"round-timeout": -1})
 
 
 def test_dataset_defaults_are_resolved():

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import csv
+import io
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +22,17 @@ from fedcond.client_data import export_partitions, load_client_data, load_partit
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import eigen_fingerprint
-from fedcond.tools.certificates import CERTIFICATE_SCRIPT, generate_certificates
+from fedcond.history import run_status
+from fedcond.tools.certificates import CERTIFICATE_SCRIPT, generate_certificates, generate_node_keys
 from fedcond.tools.cli import main
-from fedcond.tools.deploy import RESERVED_PORTS, free_ports, superlink_command, supernode_command
-from fedcond.tools.flwr_commands import app_directory
+from fedcond.tools.deploy import (
+    RESERVED_PORTS,
+    LocalDeployment,
+    free_ports,
+    superlink_command,
+    supernode_command,
+)
+from fedcond.tools.flwr_commands import app_directory, prepare, run_folder
 from fedcond.tools.processes import Processes, alive, descendants
 
 THREE_CLIENTS = RunConfig(num_clusters=3, clients_per_cluster=1)
@@ -57,16 +67,46 @@ def test_the_certificate_script_never_replaces_a_ca_key(tmp_path):
     assert (tmp_path / "ca.key").read_bytes() == key and certificates.ca.is_file()
 
 
-def test_commands_use_tls_and_loopback_only(tmp_path):
+def test_commands_use_tls_node_authentication_and_loopback_only(tmp_path):
     certificates = generate_certificates("127.0.0.1", tmp_path)
     link = superlink_command(40001, certificates)
     assert "--insecure" not in link and link[link.index("--ssl-certfile") + 1] == str(certificates.server_cert)
-    assert link[link.index("--host") + 1] == "127.0.0.1"
-    node = supernode_command(40001, 40002, {"partition-id": 1, "partition-file": "/d/p 1.npz"}, certificates)
+    assert link[link.index("--host") + 1] == "127.0.0.1" and "--enable-supernode-auth" in link
+    node_config = {"partition-id": 1, "partition-file": "/d/p 1.npz"}
+    node = supernode_command(40001, 40002, node_config, certificates, tmp_path / "supernode-1")
     assert node[node.index("--root-certificates") + 1] == str(certificates.ca)
+    assert node[node.index("--auth-supernode-private-key") + 1] == str(tmp_path / "supernode-1")
     assert node[node.index("--superlink") + 1] == "127.0.0.1:40001" and node[node.index("--host") + 1] == "127.0.0.1"
     assert node[node.index("--node-config") + 1] == 'partition-id=1 partition-file="/d/p 1.npz"'
-    assert "--insecure" in superlink_command(40001, None) and "--insecure" in supernode_command(1, 2, {}, None)
+    insecure_link, insecure_node = superlink_command(40001, None), supernode_command(1, 2, {}, None)
+    assert "--insecure" in insecure_link and "--insecure" in insecure_node
+    # Flower authenticates SuperNodes over TLS only (it refuses the flag with --insecure).
+    assert "--enable-supernode-auth" not in insecure_link and "--auth-supernode-private-key" not in insecure_node
+
+
+def test_node_keys_are_p384_openssh_pairs_and_never_replaced(tmp_path):
+    keys = generate_node_keys(tmp_path / "keys", ["supernode-0", "supernode-1"])
+    for key in keys:
+        assert key.public.read_text().startswith("ecdsa-sha2-nistp384 ")  # what `flwr supernode register` takes
+        assert key.private.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+        assert key.private.stat().st_mode & 0o077 == 0  # the private key is its owner's alone
+    before = keys[1].private.read_bytes()
+    with pytest.raises(FedcondError, match=r"supernode-1 exists; keep it \(its public key may be registered\)"):
+        generate_node_keys(tmp_path / "keys", ["supernode-2", "supernode-1"])
+    assert keys[1].private.read_bytes() == before and not (tmp_path / "keys" / "supernode-2").exists()
+    with pytest.raises(FedcondError, match="may hold only letters"):
+        generate_node_keys(tmp_path / "keys", ["../escape"])
+
+
+def test_deploy_local_refuses_a_keys_folder_holding_keys_before_starting(tmp_path, capsys):
+    generate_node_keys(tmp_path / "keys", ["supernode-1"])
+    settings = ["--nodes", "3", "num-clusters=3", "clients-per-cluster=1", f"results-dir={tmp_path / 'r'}"]
+    assert main(["deploy-local", "--keys", str(tmp_path / "keys"), *settings]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'keys' / 'supernode-1'} exists; deploy-local makes new keys" in err
+    assert main(["deploy-local", "--insecure", "--keys", str(tmp_path / "other"), *settings]) == 2
+    assert "Flower authenticates SuperNodes over TLS only" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "other").exists()
 
 
 def test_free_ports_are_distinct_and_never_flowers_defaults():
@@ -209,7 +249,7 @@ def test_three_node_tls_deployment_matches_the_simulation(tmp_path):
         assert_nothing_left(tmp_path)
     deployed_seconds = time.monotonic() - started
     assert deployment.returncode == 0, output[-3000:]
-    assert "(TLS)" in output and "fedcond: results in" in output
+    assert "(TLS, authenticated SuperNodes)" in output and "fedcond: results in" in output
     deployed = read_history(tmp_path / "deployed")
     (run,) = (tmp_path / "deployed").iterdir()
     assert (run / "deploy-logs" / "superlink.log").is_file() and (run / "deploy-logs" / "supernode-2.log").is_file()
@@ -251,3 +291,116 @@ def test_ctrl_c_stops_every_process_deploy_local_started(tmp_path):
         assert_nothing_left(tmp_path)
     assert deployment.returncode == 130, output
     assert "interrupted; stopping every process" in output
+
+
+def test_only_supernodes_with_a_registered_key_join(tmp_path):
+    """A SuperLink of deploy-local admits the node whose key it registered; one with another key, or
+    with none, is refused at once and never gets work."""
+    with LocalDeployment(tmp_path / "deployment") as deployment:
+        deployment.start(RunConfig(num_clusters=1, clients_per_cluster=1), nodes=1)
+        (registered,) = deployment.nodes.values()
+        (stranger,) = generate_node_keys(tmp_path / "stranger", ["supernode-9"])
+        ports = free_ports(2)
+        intruders = {
+            "unregistered-key": deployment.processes.start(
+                "unregistered-key",
+                supernode_command(deployment.superlink_port, ports[0], {}, deployment.certificates, stranger.private),
+                tmp_path,
+            ),
+            "no-key": deployment.processes.start(
+                "no-key", supernode_command(deployment.superlink_port, ports[1], {}, deployment.certificates), tmp_path
+            ),
+        }
+        for name, process in intruders.items():
+            assert process.wait(timeout=180) != 0, name
+            log = deployment.processes.log_path(name).read_text()
+            assert "Failed to initialize the connection to the SuperLink" in log, log[-2000:]
+            assert "SuperNode ID:" not in log  # it never became a node of this federation
+        deadline = time.monotonic() + 180
+        while (statuses := deployment.node_statuses()) != {registered.node_id: "online"}:
+            assert time.monotonic() < deadline, statuses  # only the registered node, and it is in
+            time.sleep(2)
+        assert deployment.processes.running(registered.name) is not None
+    assert_nothing_left(tmp_path)
+
+
+def test_the_fab_holds_the_apps_code_and_every_module_they_import(tmp_path):
+    """Flower ships the FAB to every node, and each deployed ClientApp process unpacks and checks it
+    again: it holds the code alone (fab-include), but nothing the ServerApp or ClientApp imports may miss."""
+    from flwr.cli.build import build_fab_from_disk
+
+    with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(app_directory()))) as fab:
+        shipped = {name for name in fab.namelist() if name.endswith(".py")}
+    script = (
+        "import sys, pathlib\n"
+        "import clients.app, strategies.server_app\n"
+        "root = pathlib.Path.cwd().resolve()\n"
+        "for name, module in list(sys.modules.items()):\n"
+        "    if name.split('.')[0] in ('fedcond', 'clients', 'strategies'):\n"
+        "        print(pathlib.Path(module.__file__).resolve().relative_to(root).as_posix())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=app_directory(),
+                            env={**os.environ, "PYTHONPATH": str(app_directory())}, check=True)  # fmt: skip
+    imported = set(result.stdout.split())
+    assert {"clients/app.py", "strategies/server_app.py", "fedcond/training.py"} <= imported
+    assert imported <= shipped, sorted(imported - shipped)
+    assert {name.split("/")[0] for name in shipped} == {"clients", "fedcond", "strategies"}  # no docs, results, tests
+
+
+def history_rows(folder: Path) -> list[dict[str, str]]:
+    path = folder / "history.csv"
+    if not path.is_file():
+        return []
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def wait_for_rounds(folder: Path, rounds: int, submitter: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while len(history_rows(folder)) < rounds:
+        assert submitter.poll() is None, f"the run ended after {len(history_rows(folder))} rounds"
+        assert time.monotonic() < deadline, f"round {rounds} did not end within {timeout:.0f} s"
+        time.sleep(1)
+
+
+# history.csv's accounting of each round (the failure policy, docs/deployment.md "Failures and time limits").
+FAILURE_COLUMNS = ("clients_asked", "clients_answered", "clients_failed", "clients_timed_out")
+ROUND_WAIT = 1200.0  # seconds a deployed round may take here: the development machine is often very busy
+
+
+def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
+    """4 SuperNodes, 4 rounds: node 3's machine dies during round 2 (SIGKILL of its SuperNode and
+    ClientApps: no goodbye) and is started again, with its key and data, once round 2 is over. The run
+    finishes (3 of 4 answers suffice with min-answered-fraction=0.75); the history shows round 2's
+    failure and node 3 answering again in round 4."""
+    settings = ["num-clusters=4", "clients-per-cluster=1", "num-server-rounds=4", "local-epochs=1", "batch-size=32",
+                "min-answered-fraction=0.75", "verbose=false", f"results-dir={tmp_path / 'results'}"]  # fmt: skip
+    config, overrides = prepare(settings)
+    folder = run_folder(overrides)
+    with LocalDeployment(tmp_path / "deployment") as deployment:
+        deployment.start(config, nodes=4)
+        node_id = deployment.nodes[3].node_id
+        submitter = deployment.submit(app_directory(), overrides, log_as="flwr-run")
+        wait_for_rounds(folder, 1, submitter, ROUND_WAIT)  # round 2 is under way
+        deployment.kill_node(3)
+        # Round 2 ends once Flower has noticed the node gone (two missed heartbeats, about a minute).
+        wait_for_rounds(folder, 2, submitter, ROUND_WAIT)
+        # Round 3 has asked its clients: node 3 misses it, and is back for round 4 (with a new process).
+        deployment.restart_node(3)
+        assert submitter.wait(timeout=3 * ROUND_WAIT) == 0
+        statuses = deployment.node_statuses()
+        run_log = deployment.processes.log_path("flwr-run").read_text()
+    assert_nothing_left(tmp_path)
+    assert run_status(folder) == "finished", run_log[-3000:]
+    rows = history_rows(folder)
+    assert [row["round"] for row in rows] == ["1", "2", "3", "4"]
+    count = [{column: int(row[column]) for column in FAILURE_COLUMNS} for row in rows]
+    everyone = {"clients_asked": 4, "clients_answered": 4, "clients_failed": 0, "clients_timed_out": 0}
+    assert count[0] == everyone
+    # Round 2: node 3 never answered (an error reply once the SuperLink saw it gone).
+    assert count[1] == {"clients_asked": 4, "clients_answered": 3, "clients_failed": 1, "clients_timed_out": 0}
+    assert count[3] == everyone, count  # back under its partition id
+    events = json.loads((folder / "run.json").read_text())
+    assert {(f["round"], f["partition-id"]) for f in events["failures"]} >= {(2, 3)}
+    assert [e["event"] for e in events["membership"] if e["partition-id"] == 3][-1] == "joined"
+    assert statuses[node_id] == "online"  # the same node id: it belongs to the registered key

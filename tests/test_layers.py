@@ -84,3 +84,17 @@ def test_the_layers_point_one_way():
         if name.startswith("clients"):
             allowed = name == "clients.app"  # the ClientApp finds the method's client in the registry
             assert allowed or not any(target.startswith("strategies") for target in imported), (name, imported)
+
+
+def test_a_clientapp_process_imports_no_server_or_report_libraries():
+    """A deployed ClientApp is a new process per message (Flower 1.42): every import is paid twice a
+    round on every node. scikit-learn (IFCA's ARI), scipy's sparse SVD (computing a fingerprint, once
+    per node), plotting and the tools stay out of it."""
+    script = (
+        "import sys\n"
+        "import clients.app\n"
+        "heavy = ('sklearn', 'scipy.stats', 'scipy.sparse.linalg', 'matplotlib', 'fedcond.tools', 'ray')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert result.stdout.strip() == "[]"

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from fedcond.config import RunConfig
+from strategies.registry import run_config
 from strategies.simulation import simulate
+from tests.faults import FIT, HANG, RAISE, REPORT, SHARE, Fault
 
 
 def read_history(results: Path) -> tuple[list[dict[str, str]], dict]:
@@ -104,3 +106,67 @@ def test_held_out_clients_never_train_and_are_reported_apart(tmp_path):
         assert int(row["bytes_up"]) == pytest.approx(4 * model_bytes, rel=0.01)
         assert int(row["bytes_down"]) == pytest.approx((4 + 6) * model_bytes, rel=0.01)
     assert info["final_heldout_accuracy"] == float(rows[-1]["heldout_accuracy"])
+
+
+# Fault injection (tests/faults.py): one client of 2 x 2 fails in round 2 of 4, per method family.
+# min-answered-fraction 0.75 lets 3 of 4 go on. The hang waits out round-timeout: 60 s, as the first
+# messages of a run wait for Ray to start (tens of seconds on a busy 2-core machine) and must not expire.
+FAMILIES = [
+    ("conditional", Fault(1, 2, FIT, RAISE), "failed", "injected fault: partition 1 round 2 fit"),
+    ("ifca", Fault(2, 2, FIT, REPORT), "failed", "injected fault: partition 2 round 2 fit"),
+    ("dac", Fault(0, 2, FIT, HANG), "timed out", "no answer within round-timeout=60 s"),
+    ("ditto", Fault(3, 2, FIT, RAISE), "failed", "injected fault: partition 3 round 2 fit"),
+]
+
+
+@pytest.mark.parametrize(("method", "fault", "outcome", "reason"), FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_a_client_failing_in_round_2_leaves_that_round_to_the_others(tmp_path, method, fault, outcome, reason):
+    config = run_config({
+        "method": method, "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 4, "local-epochs": 1,
+        "min-answered-fraction": 0.75, "round-timeout": 60, "results-dir": str(tmp_path / "r"), "verbose": False,
+    })  # fmt: skip
+    simulate(config, client_mods=[fault], quiet=True)
+    rows, info = read_history(tmp_path / "r")
+    assert info["status"] == "finished" and [int(row["round"]) for row in rows] == [1, 2, 3, 4]
+    for row in rows:
+        missing = (0, 1) if outcome == "timed out" else (1, 0)
+        failed, timed_out = missing if row["round"] == "2" else (0, 0)
+        assert (row["clients_asked"], row["clients_answered"]) == ("4", "3" if row["round"] == "2" else "4")
+        assert (int(row["clients_failed"]), int(row["clients_timed_out"])) == (failed, timed_out)
+        assert math.isfinite(float(row["accuracy"])) and math.isfinite(float(row["train_loss"]))
+    assert info["failures"] == [
+        {"round": 2, "stage": "fit", "partition-id": fault.partition_id, "outcome": outcome, "reason": reason}
+    ]
+    if method != "dac":  # the server received 3 models in round 2 (DAC's exchanges are between peers)
+        assert int(rows[1]["bytes_up"]) == 3 * int(rows[0]["bytes_up"]) // 4
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_too_few_answers_stop_the_run_with_one_line(tmp_path, capsys):
+    config = RunConfig(
+        method="fedavg", num_clusters=2, clients_per_cluster=2, num_server_rounds=3, local_epochs=1,
+        results_dir=str(tmp_path / "r"), verbose=False,
+    )  # fmt: skip
+    simulate(config, client_mods=[Fault(0, 2, FIT, RAISE)], quiet=True)  # default min-answered-fraction 0.8
+    rows, info = read_history(tmp_path / "r")
+    assert [row["round"] for row in rows] == ["1"] and info["status"] == "failed" and info["rounds_completed"] == 1
+    expected = (
+        "round 2: 3 of 4 clients answered in fit, fewer than the 4 that min-answered-fraction=0.8 require; first: "
+        "round 2: partition 0 failed in fit: injected fault: partition 0 round 2 fit; every failure is listed in "
+        "run.json: fix those clients or lower min-answered-fraction"
+    )
+    assert info["error"] == expected and len(info["failures"]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedcond: error:")]
+    assert errors == [f"fedcond: error: {expected}"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_client_failing_at_the_secure_sum_fails_the_run_before_round_1(tmp_path):
+    config = RunConfig(
+        method="conditional", num_clusters=2, clients_per_cluster=1, num_server_rounds=1, local_epochs=1,
+        results_dir=str(tmp_path / "r"), verbose=False,
+    )  # fmt: skip
+    simulate(config, client_mods=[Fault(1, stage=SHARE, how=RAISE)], quiet=True)
+    rows, info = read_history(tmp_path / "r")
+    assert rows == [] and info["status"] == "failed"
+    assert info["error"] == "a client failed to answer before round 1: injected fault: partition 1 round 0 share"

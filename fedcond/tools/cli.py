@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fedcond.checkpoint import RESUME
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import run_status
@@ -96,14 +97,16 @@ def run(
     flwr_home = Path(environment.get("FLWR_HOME", Path.home() / ".flwr"))
     flwr_home.mkdir(parents=True, exist_ok=True)
     folder = run_folder(overrides)
-    print(f"fedcond: {config.method} on {config.num_clients} clients, results in {folder}", flush=True)
+    resuming = bool(RESUME.of(config))
+    print(f"fedcond: {config.method} on {config.num_clients} clients, results in {folder}"
+          + (" (resumed)" if resuming else ""), flush=True)  # fmt: skip
     # The ServerApp creates the run's folder: Flower's output waits beside it until then.
     folder.parent.mkdir(parents=True, exist_ok=True)
     log = folder.parent / f".{folder.name}.flower.log"
     returncode = stream_filtered(command, environment, flwr_home, log)
     if folder.is_dir():
-        log = log.replace(folder / FLOWER_LOG)
-    reason = unfinished(folder)
+        log = log.replace(flower_log_path(folder) if resuming else folder / FLOWER_LOG)
+    reason = unfinished(folder, config.num_server_rounds)
     if reason is not None:
         print(f"fedcond: error: the run did not finish (status: {reason}); Flower's output is in {log}",
               file=sys.stderr)  # fmt: skip
@@ -113,6 +116,16 @@ def run(
 
 
 FLOWER_LOG = "flower.log"
+
+
+def flower_log_path(folder: Path) -> Path:
+    """Where a resumed attempt's Flower output goes: beside the earlier attempts', never over them."""
+    attempt = 1
+    while (folder / f"flower-resume-{attempt}.log").exists():
+        attempt += 1
+    return folder / f"flower-resume-{attempt}.log"
+
+
 # The lines of fedcond's own that `fedcond run` shows: its messages and one line per round.
 OWN_LINE = re.compile(r"^(fedcond:|round +\d+/\d+|scenario |  cluster |  samples per client)")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -150,7 +163,7 @@ def closing_summary(folder: Path) -> str:
         f"accuracy {info.get('final_accuracy') or float('nan'):.4f}"
         + (f", held-out {held:.4f}" if held is not None else "")
         + f"\nfedcond: {folder}: "
-        + ", ".join(sorted(path.name for path in folder.iterdir()))
+        + ", ".join(sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")))
     )
 
 
@@ -327,12 +340,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_experiment_commands(commands)
     commands.add_parser("list", help="list methods, datasets, scenarios, fingerprints and conditionings")
     deploy_parser = commands.add_parser(
-        "deploy-local", help="one run on a real SuperLink and SuperNodes, separate processes on 127.0.0.1 (TLS)"
+        "deploy-local",
+        help="one run on a real SuperLink and SuperNodes, separate processes on 127.0.0.1 (TLS, authenticated nodes)",
     )
     deploy_parser.add_argument("settings", nargs="*", help="run-config overrides, e.g. num-clusters=3")
     deploy_parser.add_argument("--nodes", type=int, help="SuperNodes to start (num-clusters x clients-per-cluster)")
     deploy_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
-    deploy_parser.add_argument("--insecure", action="store_true", help="plain HTTP instead of TLS (local trials)")
+    deploy_parser.add_argument(
+        "--insecure", action="store_true", help="plain HTTP instead of TLS, no node authentication (local trials)"
+    )
+    deploy_parser.add_argument(
+        "--keys", metavar="DIR", help="keep the SuperNodes' new key pairs in DIR (default: deleted afterwards)"
+    )
     export_parser = commands.add_parser("export-partitions", help="write every client's data to partition-<id>.npz")
     export_parser.add_argument("settings", nargs="*", help="run-config overrides that shape the split")
     export_parser.add_argument("--out", required=True, metavar="DIR", help="folder for the partition files")
@@ -350,7 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command in ("deploy-local", "export-partitions"):
             if arguments.command == "export-partitions":
                 return deploy.export_partitions_command(arguments.settings, arguments.out, arguments.config)
-            return deploy.deploy_local(arguments.settings, arguments.nodes, arguments.insecure, arguments.config)
+            return deploy.deploy_local(
+                arguments.settings, arguments.nodes, arguments.insecure, arguments.config, arguments.keys
+            )
         return run(arguments.settings, arguments.cpus_per_client, arguments.gpus_per_client, arguments.config)
     except FedcondError as error:
         print(f"fedcond: error: {error}", file=sys.stderr)

@@ -2,13 +2,20 @@
 
 ``deploy-local`` starts what a real federation runs on separate machines, as separate processes on
 127.0.0.1: one ``flower-superlink`` and N ``flower-supernode``s, each SuperNode holding only its own
-client's partition file, all talking TLS with a fresh private CA (``--insecure`` for plain HTTP).
-It submits the run with ``flwr run``, prints where the results are, and stops every process it
-started, also on error, Ctrl+C or SIGTERM. It drives Flower through its executables alone.
+client's partition file and its own authentication key, all talking TLS with a fresh private CA.
+The SuperLink admits only SuperNodes whose public keys were registered with it (Flower's SuperNode
+authentication, ``--enable-supernode-auth``); ``--insecure`` (plain HTTP, for local trials) has no
+node authentication, which Flower allows over TLS only. It submits the run with ``flwr run``,
+prints where the results are, and stops every process it started, also on error, Ctrl+C or
+SIGTERM. It drives Flower through its executables alone.
+
+``LocalDeployment`` is the same machinery as an object, for tests and benchmarks that need to
+start, kill and restart single nodes or submit several runs to the same nodes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -19,12 +26,14 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 
 from fedcond.client_data import export_partitions
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.tools.certificates import Certificates, generate_certificates
+from fedcond.tools.certificates import Certificates, NodeKey, generate_certificates, generate_node_keys
 from fedcond.tools.flwr_commands import (
     app_directory,
     executable,
@@ -42,6 +51,14 @@ LOOPBACK = "127.0.0.1"
 RESERVED_PORTS = frozenset(range(9091, 9096)) | frozenset(range(39091, 39096))
 CONNECTION = "fedcond-local"  # the connection name deploy-local writes into its private FLWR_HOME
 START_TIMEOUT = 120.0  # seconds the SuperLink may take to listen (imports are slow on a busy machine)
+FLWR_COMMAND_TIMEOUT = 120.0  # seconds one `flwr` CLI call (register a key, list nodes) may take
+# Flower keeps a node that vanished without a goodbye "online" for two heartbeats of 30 s, and
+# refuses to activate the same key again until then: a restarted node waits that long at most.
+REJOIN_TIMEOUT = 2 * 30.0 + 60.0
+# How often each SuperNode's SuperExec asks for a new ClientApp task (Flower's default: every 1 s).
+# Every message waits half of it on average, twice a round; a poll costs a few ms of CPU.
+SUPEREXEC_POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+SUPEREXEC_POLL_SECONDS = "0.2"
 
 
 def free_ports(count: int) -> list[int]:
@@ -68,6 +85,8 @@ def tls_flags_superlink(certificates: Certificates | None) -> list[str]:
         "--ssl-ca-certfile", str(certificates.ca),
         "--ssl-certfile", str(certificates.server_cert),
         "--ssl-keyfile", str(certificates.server_key),
+        # Only SuperNodes whose public keys were registered (`flwr supernode register`) may join.
+        "--enable-supernode-auth",
     ]  # fmt: skip
 
 
@@ -85,12 +104,18 @@ def node_config_string(values: dict[str, object]) -> str:
 
 
 def supernode_command(
-    superlink_port: int, port: int, node_config: dict[str, object], certificates: Certificates | None
+    superlink_port: int,
+    port: int,
+    node_config: dict[str, object],
+    certificates: Certificates | None,
+    private_key: Path | None = None,
 ) -> list[str]:
-    """One SuperNode: dials the SuperLink, serves its own ClientApps on ``port`` (loopback)."""
+    """One SuperNode: dials the SuperLink, serves its own ClientApps on ``port`` (loopback); with
+    ``private_key`` it proves to the SuperLink that it holds the key whose public half was registered."""
     tls = ["--insecure"] if certificates is None else ["--root-certificates", str(certificates.ca)]
+    authentication = [] if private_key is None else ["--auth-supernode-private-key", str(private_key)]
     return [
-        executable("flower-supernode"), *tls, "--superlink", f"{LOOPBACK}:{superlink_port}",
+        executable("flower-supernode"), *tls, *authentication, "--superlink", f"{LOOPBACK}:{superlink_port}",
         "--host", LOOPBACK, "--port", str(port), "--node-config", node_config_string(node_config),
     ]  # fmt: skip
 
@@ -102,6 +127,25 @@ def flwr_connection_toml(superlink_port: int, certificates: Certificates | None)
         f'[superlink]\ndefault = "{CONNECTION}"\n\n'
         f'[superlink.{CONNECTION}]\naddress = "{LOOPBACK}:{superlink_port}"\n{security}\n'
     )
+
+
+def node_name(partition_id: int) -> str:
+    """A SuperNode's process, log and key name."""
+    return f"supernode-{partition_id}"
+
+
+def check_keys_folder(folder: Path, nodes: int) -> None:
+    """Refuse, before anything starts, a ``--keys`` folder that already holds one of the keys to write."""
+    if folder.exists() and not folder.is_dir():
+        raise FedcondError(f"--keys {folder} is a file; name a folder (it is created if missing)")
+    for partition_id in range(nodes):
+        key = NodeKey.in_folder(folder, node_name(partition_id))
+        for path in (key.private, key.public):
+            if path.exists():
+                raise FedcondError(
+                    f"{path} exists; deploy-local makes new keys per deployment and never replaces any: "
+                    "name an empty --keys folder, or move the old keys away"
+                )
 
 
 def wait_until_listening(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -152,11 +196,185 @@ def export_partitions_command(assignments: Sequence[str], out: str, override_fil
     return 0
 
 
+@dataclass
+class DeployedNode:
+    """One SuperNode of a local deployment: its partition, port, key and the SuperLink's id for it."""
+
+    partition_id: int
+    num_partitions: int
+    port: int
+    partition_file: Path
+    key: NodeKey | None  # None in insecure mode: the node registers itself with a throw-away key
+    node_id: int | None = None  # known once its public key is registered
+
+    @property
+    def name(self) -> str:
+        return node_name(self.partition_id)
+
+    @property
+    def node_config(self) -> dict[str, object]:
+        return {
+            "partition-id": self.partition_id,
+            "num-partitions": self.num_partitions,
+            "partition-file": str(self.partition_file),
+        }
+
+
+class LocalDeployment:
+    """A SuperLink and one SuperNode per client on 127.0.0.1, as separate processes under ``workdir``.
+
+    ``start`` makes the credentials (TLS certificates, one key pair per node, registered with the
+    SuperLink), the partition files, and starts everything; ``submit`` starts ``flwr run``;
+    ``kill_node`` / ``restart_node`` take one node down and bring it back with its key and data;
+    ``stop`` (also on leaving a ``with`` block) ends every process started, however deep.
+    """
+
+    def __init__(self, workdir: Path, insecure: bool = False, keys_folder: Path | None = None) -> None:
+        self.workdir = workdir
+        self.insecure = insecure
+        self.keys_folder = keys_folder or workdir / "keys"
+        self.flwr_home = workdir / "flwr-home"
+        for name in ("flwr-home", "logs", "superlink"):
+            (workdir / name).mkdir(parents=True, exist_ok=True)
+        environment = flower_environment(FLWR_HOME=str(self.flwr_home))
+        environment.setdefault(SUPEREXEC_POLL_VARIABLE, SUPEREXEC_POLL_SECONDS)
+        self.processes = Processes(environment, workdir / "logs")
+        self.certificates: Certificates | None = None
+        self.superlink_port = 0
+        self.nodes: dict[int, DeployedNode] = {}
+
+    def __enter__(self) -> LocalDeployment:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- starting ----------------------------------------------------------------------------------------
+    def start(self, config: RunConfig, nodes: int) -> None:
+        """Credentials, partition files, the SuperLink, key registrations, then ``nodes`` SuperNodes."""
+        if not self.insecure:
+            check_keys_folder(self.keys_folder, nodes)
+        # N SuperNodes share this machine's cores; without this every ClientApp's torch takes them all.
+        self.processes.environment["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nodes))
+        if not self.insecure:
+            self.certificates = generate_certificates(LOOPBACK, self.workdir / "certificates")
+        keys: list[NodeKey | None] = (
+            [None] * nodes
+            if self.insecure
+            else list(generate_node_keys(self.keys_folder, [node_name(i) for i in range(nodes)]))
+        )
+        # Each SuperNode gets only its own client's file, as a client machine would hold only its data.
+        partition_files = export_partitions(config, self.workdir / "partitions")
+        self.superlink_port, *node_ports = free_ports(nodes + 1)
+        for partition_id, (port, partition_file, key) in enumerate(zip(node_ports, partition_files, keys, strict=True)):
+            self.nodes[partition_id] = DeployedNode(partition_id, nodes, port, partition_file, key)
+        superlink = self.processes.start(
+            "superlink", superlink_command(self.superlink_port, self.certificates), self.workdir / "superlink"
+        )
+        wait_until_listening(self.superlink_port, superlink, self.processes.log_path("superlink"))
+        (self.flwr_home / "config.toml").write_text(flwr_connection_toml(self.superlink_port, self.certificates))
+        self.register_keys()
+        for partition_id in self.nodes:
+            self.start_node(partition_id)
+
+    def register_keys(self) -> None:
+        """Tell the SuperLink every node's public key (Control API, as its operator would): only these may join."""
+        pending = {
+            node.partition_id: self.flwr_process(["supernode", "register", str(node.key.public), CONNECTION])
+            for node in self.nodes.values()
+            if node.key is not None
+        }
+        for partition_id, process in pending.items():
+            self.nodes[partition_id].node_id = int(self.flwr_answer(process, "register")["node-id"])
+
+    def start_node(self, partition_id: int) -> subprocess.Popen[bytes]:
+        node = self.nodes[partition_id]
+        folder = self.workdir / node.name  # the node's working directory, where its ClientApps run
+        folder.mkdir(exist_ok=True)
+        private_key = None if node.key is None else node.key.private
+        command = supernode_command(self.superlink_port, node.port, node.node_config, self.certificates, private_key)
+        return self.processes.start(node.name, command, folder)
+
+    # -- faults ------------------------------------------------------------------------------------------
+    def kill_node(self, partition_id: int) -> None:
+        """The node's machine loses power: its SuperNode and every ClientApp die at once, no goodbye."""
+        self.processes.kill(self.nodes[partition_id].name)
+
+    def restart_node(self, partition_id: int) -> subprocess.Popen[bytes]:
+        """Start a killed node again with the same key, data and port, once the SuperLink lets its key in.
+
+        Flower refuses to activate a key whose node it still believes online (until two heartbeats
+        pass without one); in insecure mode the node simply registers itself anew.
+        """
+        node = self.nodes[partition_id]
+        if node.node_id is not None:
+            deadline = time.monotonic() + REJOIN_TIMEOUT
+            while self.node_statuses().get(node.node_id) == "online":
+                if time.monotonic() > deadline:
+                    raise FedcondError(f"the SuperLink still lists {node.name} online {REJOIN_TIMEOUT:.0f} s on")
+                time.sleep(3.0)
+        return self.start_node(partition_id)
+
+    def node_statuses(self) -> dict[int, str]:
+        """The SuperLink's view of every registered node: node id to "registered", "online" or "offline"."""
+        answer = self.flwr_answer(self.flwr_process(["supernode", "ls", CONNECTION]), "supernode ls")
+        return {int(node["node-id"]): str(node["status"]) for node in answer["nodes"]}
+
+    # -- runs --------------------------------------------------------------------------------------------
+    def submit(self, app: Path, run_config: dict[str, object], log_as: str | None = None) -> subprocess.Popen[bytes]:
+        """``flwr run APP --stream`` against this SuperLink; its output goes to ours, or to the log
+        ``<log_as>.log`` when named."""
+        # From the work folder, never the source tree (see README: the app is packed from it).
+        command = [executable("flwr"), "run", str(app), CONNECTION, "--stream",
+                   "--run-config", to_run_config_string(run_config)]  # fmt: skip
+        return self.processes.start(log_as or "flwr-run", command, self.workdir, log=log_as is not None)
+
+    def check_running(self, reported: set[str]) -> None:
+        """Fail if the SuperLink stopped; say once of each SuperNode that stopped (the run goes on
+        without it: the strategy decides whether the rounds still count)."""
+        for name in self.processes.stopped():
+            if name == "superlink":
+                raise FedcondError(f"the SuperLink stopped during the run; see {self.processes.log_path(name)}")
+            if name.startswith("supernode-") and name not in reported:
+                reported.add(name)
+                print(f"fedcond: {name} stopped; the run goes on without it (see {name}.log in the process logs)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+
+    def stop(self) -> None:
+        self.processes.stop_all()
+
+    # -- the `flwr` CLI, against this deployment's SuperLink ----------------------------------------------------
+    def flwr_process(self, arguments: list[str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [executable("flwr"), *arguments, "--format", "json"], cwd=self.workdir, env=self.processes.environment,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def flwr_answer(self, process: subprocess.Popen[str], what: str) -> dict[str, object]:
+        try:
+            output, errors = process.communicate(timeout=FLWR_COMMAND_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise FedcondError(f"flwr {what} took over {FLWR_COMMAND_TIMEOUT:.0f} s; see the SuperLink's log") from None
+        try:
+            answer = json.loads(output)
+        except json.JSONDecodeError:
+            answer = {}
+        if process.returncode != 0 or not answer.get("success"):
+            reason = (errors.strip() or output.strip() or "no output").splitlines()[-1]
+            raise FedcondError(f"flwr {what} failed ({reason}); see the SuperLink's log")
+        return answer
+
+
 def deploy_local(
     assignments: Sequence[str],
     nodes: int | None = None,
     insecure: bool = False,
     override_file: str | None = None,
+    keys: str | None = None,
 ) -> int:
     """Run one configuration on a real SuperLink and ``nodes`` SuperNodes on loopback; 0 if it finished."""
     config, overrides = prepare(assignments, override_file)
@@ -167,70 +385,54 @@ def deploy_local(
             f"pass --nodes {config.num_clients} or settings with {nodes} clients (e.g. num-clusters={nodes} "
             "clients-per-cluster=1)"
         )
+    if keys is not None and insecure:
+        raise FedcondError("--keys needs TLS: Flower authenticates SuperNodes over TLS only; drop --insecure")
+    keys_folder = None if keys is None else Path(keys).expanduser().resolve()
+    if keys_folder is not None:
+        check_keys_folder(keys_folder, nodes)  # before anything starts
     folder = run_folder(overrides)
     workdir = Path(tempfile.mkdtemp(prefix="fedcond-deploy-"))
-    environment = flower_environment(FLWR_HOME=str(workdir / "flwr-home"))
-    # N SuperNodes share this machine's cores; without this every ClientApp's torch takes them all.
-    environment["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nodes))
-    for name in ("flwr-home", "logs", "superlink", *(f"supernode-{i}" for i in range(nodes))):
-        (workdir / name).mkdir(parents=True, exist_ok=True)
-    processes = Processes(environment, workdir / "logs")
+    deployment = LocalDeployment(workdir, insecure, keys_folder)
     succeeded = False
     try:
         with sigterm_as_interrupt():
-            succeeded = _deploy(config, overrides, nodes, insecure, workdir, processes, folder)
+            succeeded = _deploy(deployment, config, overrides, nodes, folder)
     except KeyboardInterrupt:
         print("fedcond: interrupted; stopping every process deploy-local started", file=sys.stderr, flush=True)
         return 130
     finally:
-        processes.stop_all()
+        deployment.stop()
         _keep_logs(workdir, folder, succeeded)
     if not succeeded:
-        print(f"fedcond: error: the run did not finish (status: {unfinished(folder)}); see the process logs",
-              file=sys.stderr)  # fmt: skip
+        reason = unfinished(folder, config.num_server_rounds)
+        print(f"fedcond: error: the run did not finish (status: {reason}); see the process logs", file=sys.stderr)
         return 1
     print(f"fedcond: results in {folder} (history.csv, run.json; process logs in deploy-logs/)")
+    if keys_folder is not None:
+        print(f"fedcond: the SuperNodes' key pairs are kept in {keys_folder}")
     return 0
 
 
 def _deploy(
-    config: RunConfig,
-    overrides: dict[str, object],
-    nodes: int,
-    insecure: bool,
-    workdir: Path,
-    processes: Processes,
-    folder: Path,
+    deployment: LocalDeployment, config: RunConfig, overrides: dict[str, object], nodes: int, folder: Path
 ) -> bool:
-    certificates = None if insecure else generate_certificates(LOOPBACK, workdir / "certificates")
-    # Each SuperNode gets only its own client's file, as a client machine would hold only its data.
-    partition_files = export_partitions(config, workdir / "partitions")
-    superlink_port, *node_ports = free_ports(nodes + 1)
-    security = "insecure (plain HTTP)" if insecure else "TLS"
-    print(f"fedcond: SuperLink on {LOOPBACK}:{superlink_port} ({security}), {nodes} SuperNodes, work folder {workdir}",
-          flush=True)  # fmt: skip
-    superlink = processes.start("superlink", superlink_command(superlink_port, certificates), workdir / "superlink")
-    wait_until_listening(superlink_port, superlink, processes.log_path("superlink"))
-    for partition_id, (port, partition_file) in enumerate(zip(node_ports, partition_files, strict=True)):
-        node_config = {"partition-id": partition_id, "num-partitions": nodes, "partition-file": str(partition_file)}
-        command = supernode_command(superlink_port, port, node_config, certificates)
-        processes.start(f"supernode-{partition_id}", command, workdir / f"supernode-{partition_id}")
-    (workdir / "flwr-home" / "config.toml").write_text(flwr_connection_toml(superlink_port, certificates))
+    security = (
+        "insecure: plain HTTP, no node authentication" if deployment.insecure else "TLS, authenticated SuperNodes"
+    )
+    deployment.start(config, nodes)
+    print(f"fedcond: SuperLink on {LOOPBACK}:{deployment.superlink_port} ({security}), {nodes} SuperNodes, "
+          f"work folder {deployment.workdir}", flush=True)  # fmt: skip
     print(f"fedcond: results will be in {folder}", flush=True)
-    # `flwr run` from the work folder, never the source tree (see README: the app is packed from it).
-    command = [executable("flwr"), "run", str(app_directory()), CONNECTION, "--stream",
-               "--run-config", to_run_config_string(overrides)]  # fmt: skip
-    submitter = processes.start("flwr-run", command, workdir, log=False)
+    submitter = deployment.submit(app_directory(), overrides)
+    reported: set[str] = set()
     while submitter.poll() is None:
-        crashed = [name for name in processes.stopped() if name != "flwr-run"]
-        if crashed:
-            raise FedcondError(f"{crashed[0]} stopped during the run; see {crashed[0]}.log in the process logs")
+        deployment.check_running(reported)
         time.sleep(0.5)
-    return unfinished(folder) is None
+    return unfinished(folder, config.num_server_rounds) is None
 
 
 def _keep_logs(workdir: Path, folder: Path, succeeded: bool) -> None:
-    """Copy the process logs next to the results; delete the work folder (certificates, partitions)."""
+    """Copy the process logs next to the results; delete the work folder (certificates, keys, partitions)."""
     logs = workdir / "logs"
     if not folder.is_dir():  # the run never started: keep everything for a look
         print(f"fedcond: process logs in {logs}", file=sys.stderr)

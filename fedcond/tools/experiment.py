@@ -4,18 +4,18 @@ An experiment is fixed run-config ``settings`` plus grid ``axes``; every combina
 is one run. ``fedcond compare`` is the special case whose only axes are ``method`` and ``seed``;
 ``fedcond sweep`` reads the axes (and the tables to render) from a TOML grid file. Each run gets
 its own folder under ``OUT/runs/`` (``history.csv`` + ``run.json``), named from its axis values, so
-rerunning the same command skips every run whose folder says ``finished``.
+rerunning the same command skips every run whose folder says ``finished`` and resumes an interrupted
+one from its checkpoint (``prepare_folder``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import fcntl
+import dataclasses
 import itertools
 import json
 import math
-import os
 import re
 import shutil
 import threading
@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedcond import locks
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import error_line, mark_failed, run_status
+from fedcond.history import RUN_LOCK, error_line, mark_failed, run_status
 
 # Every tidy row names the scenario it came from, so results of several experiments concatenate.
 SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
@@ -42,8 +43,8 @@ METRIC_COLUMNS = (
 )  # fmt: skip
 # Written when a run's history has them (added by later features); never required.
 OPTIONAL_METRIC_COLUMNS = ("heldout_accuracy",)
-# Settings that say where a run lives or how chatty it is, not what it computes.
-PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir")
+# Settings that say where a run lives, how chatty it is or where it resumes from, not what it computes.
+PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir", "resume")
 EXPERIMENT_FILE = "experiment.json"
 # Held by the compare or sweep working in the folder (``experiment_lock``).
 LOCK_FILE = ".fedcond.lock"
@@ -69,6 +70,8 @@ class PlannedRun:
     name: str
     config: RunConfig
     labels: dict[str, str]
+    #: Rounds an interrupted attempt finished, which this one resumes after (``config`` says ``resume``).
+    rounds_done: int = 0
 
 
 @dataclass
@@ -250,15 +253,25 @@ def comparable_config(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in mapping.items() if key not in PLACEMENT_KEYS}
 
 
-def finished_before(run: PlannedRun, runs_dir: Path) -> bool:
-    """True when this run's folder holds a finished run of exactly these settings.
+def prepare_folder(run: PlannedRun, runs_dir: Path, stream: TextIO) -> PlannedRun | None:
+    """What this run's folder asks for: None when it holds a finished run of exactly these settings
+    (nothing to do); else the run to do.
 
-    A folder of a run that was interrupted or failed is removed, so the run starts afresh; a
-    finished run of *different* settings is an error rather than something to mix in silently.
+    An unfinished run (killed: ``running``; or ``failed``) with a checkpoint is resumed after its
+    last finished round, in its folder: for a method whose state is all on the server, the numbers
+    are those of an uninterrupted run. It is started afresh instead (its folder removed) when it
+    has no checkpoint (it stopped before finishing round 1), when its method keeps state on the
+    clients (Ditto, Local: a resume would restart their models, and a table must not mix that in),
+    or when the checkpoint cannot be used (the line printed says why). A finished run of
+    *different* settings is an error rather than something to mix in silently; so is a folder that
+    another process is running a run in.
     """
+    from fedcond.checkpoint import RESUME, check_resume, checkpoint_path
+    from strategies.registry import get_method
+
     folder = runs_dir / run.name
     if not folder.exists():
-        return False
+        return run
     status = run_status(folder)
     if status == "finished":
         recorded = json.loads((folder / "run.json").read_text())["config"]
@@ -269,9 +282,21 @@ def finished_before(run: PlannedRun, runs_dir: Path) -> bool:
                 f"{folder} holds a finished run with other settings ({', '.join(differing)}); "
                 "use another --out folder, or delete that run folder to redo it"
             )
-        return True
+        return None
+    holder = locks.holder_of(folder / RUN_LOCK)
+    if holder is not None:
+        raise FedcondError(f"{folder} is in use by another run (process {holder}); wait for it or stop it first")
+    lost_on_clients = get_method(run.config.method).state_lost_on_resume
+    if checkpoint_path(folder).exists() and not lost_on_clients:
+        resumed = RESUME.set(run.config, str(folder))
+        try:
+            checkpoint = check_resume(resumed)
+        except FedcondError as error:
+            print(f"fedcond: {run.name}: cannot resume ({error}); running it again from round 1", file=stream)
+        else:
+            return dataclasses.replace(run, config=resumed, rounds_done=checkpoint.round)
     shutil.rmtree(folder)
-    return False
+    return run
 
 
 class Progress:
@@ -279,7 +304,7 @@ class Progress:
     the run's ``history.csv`` grow (the run itself stays unaware of being watched)."""
 
     def __init__(self, pending: Sequence[PlannedRun], stream: TextIO, interval: float = 1.0) -> None:
-        self.total_rounds = sum(run.config.num_server_rounds for run in pending)
+        self.total_rounds = sum(run.config.num_server_rounds - run.rounds_done for run in pending)
         self.rounds_done = 0
         self.seconds_spent = 0.0
         self.stream = stream
@@ -298,13 +323,14 @@ class Progress:
         rounds = run.config.num_server_rounds
 
         def report() -> None:
-            seen, finished = 0, False
+            # A resumed run's history starts with the rounds finished before: those are not news.
+            seen, finished = run.rounds_done, False
             while not finished:
                 # One last read after the run returns: its final rounds may land between polls.
                 finished = stop.wait(self.interval)
                 rows = read_history(folder / "history.csv")
                 for row in rows[seen:]:
-                    done = self.rounds_done + int(row["round"])
+                    done = self.rounds_done + int(row["round"]) - run.rounds_done
                     spent = self.seconds_spent + time.monotonic() - started
                     print(
                         f"  {position} {run.name}: round {row['round']}/{rounds} accuracy "
@@ -321,7 +347,7 @@ class Progress:
         finally:
             stop.set()
             watcher.join()
-            self.rounds_done += rounds
+            self.rounds_done += rounds - run.rounds_done
             self.seconds_spent += time.monotonic() - started
 
 
@@ -374,10 +400,12 @@ def run_experiment(
     # Held from before the first unfinished run folder is deleted until the last run ends.
     with experiment_lock(out):
         record_experiment(experiment, out)
-        pending = [run for run in planned if not finished_before(run, runs_dir)]
+        pending = [todo for run in planned if (todo := prepare_folder(run, runs_dir, stream)) is not None]
         skipped = len(planned) - len(pending)
+        resumed = sum(1 for run in pending if run.rounds_done)
         print(
-            f"fedcond: {len(planned)} runs in {out}: {skipped} finished before, {len(pending)} to run",
+            f"fedcond: {len(planned)} runs in {out}: {skipped} finished before, {len(pending)} to run"
+            + (f" ({resumed} resumed from their checkpoint)" if resumed else ""),
             file=stream,
             flush=True,
         )
@@ -385,7 +413,9 @@ def run_experiment(
         progress = Progress(pending, stream)
         for index, run in enumerate(pending, start=1):
             position = f"[{index}/{len(pending)}]"
-            print(f"fedcond: {position} {run.name} ({run.config.num_clients} clients)", file=stream, flush=True)
+            resuming = f", resumed after round {run.rounds_done}" if run.rounds_done else ""
+            print(f"fedcond: {position} {run.name} ({run.config.num_clients} clients{resuming})", file=stream,
+                  flush=True)  # fmt: skip
             progress.watch(run, runs_dir / run.name, position, lambda run=run: run_one(runner, run, runs_dir))
             status = run_status(runs_dir / run.name)
             if status != "finished":
@@ -397,27 +427,17 @@ def run_experiment(
 def experiment_lock(out: Path) -> Iterator[None]:
     """Hold ``out`` for this process: a second compare or sweep on it is refused with one line.
 
-    Another invocation would delete this one's unfinished (running) run folders and write into the
-    same files. ``flock`` rather than a PID file: the kernel releases it when its holder dies, however
-    it dies, so a stale lock is simply taken over, with no PID-reuse guesswork. The holder's PID is
-    written into the file only to name it in the error.
+    Another invocation would resume or delete this one's unfinished (running) run folders and write
+    into the same files. A lock whose holder died is taken over (``fedcond.locks``).
     """
-    path = out / LOCK_FILE
-    handle = path.open("a+")
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise FedcondError(
-                f"{out} is in use by another fedcond compare or sweep (process {holder}); wait for it to "
-                "finish or stop it, or choose another --out"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        handle = locks.acquire(out / LOCK_FILE)
+    except locks.Held as held:
+        raise FedcondError(
+            f"{out} is in use by another fedcond compare or sweep (process {held.holder}); wait for it to "
+            "finish or stop it, or choose another --out"
+        ) from None
+    try:
         yield
     finally:
         handle.close()  # closing releases the lock

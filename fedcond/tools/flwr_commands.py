@@ -13,10 +13,11 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedcond.checkpoint import RESUME, resume_settings
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import run_status, unused_run_folder
-from strategies.registry import check_run, run_config
+from strategies.registry import check_run, declared_options, run_config
 
 # flwr 1.42 checks for updates, posts telemetry and rebuilds the app's environment per run unless
 # told not to; all three fail or mislead on a machine without internet.
@@ -105,9 +106,16 @@ def prepare(assignments: Sequence[str], override_file: str | None = None) -> tup
     """Check everything (data files included) before Flower starts, and name the results folder.
 
     Returns the configuration and the overrides to pass to ``flwr run`` (absolute paths: the
-    ServerApp runs in the SuperLink's working directory, not ours).
+    ServerApp runs in the SuperLink's working directory, not ours). With ``resume=FOLDER`` the run
+    continues in that folder with its recorded settings (``fedcond.checkpoint``).
     """
     overrides = read_overrides(assignments, override_file)
+    if overrides.get(RESUME.key):
+        # Every setting as run.json records it, passed on in full: the clients see only the run
+        # config (a deployed client cannot read the server's run.json).
+        config = resume_settings(Path(str(overrides[RESUME.key])), overrides, declared_options())
+        check_run(config, load_data=True)
+        return config, config.to_mapping()
     config = run_config({**default_config(), **overrides})
     check_run(config, load_data=True)
     # The folder is named here, so that this process can tell afterwards whether the run finished.
@@ -123,10 +131,16 @@ def run_folder(overrides: dict[str, object]) -> Path:
     return Path(str(overrides["results-dir"]), str(overrides["run-name"]))
 
 
-def unfinished(folder: Path) -> str | None:
-    """Why the run of ``folder`` did not finish, or None if it did.
+def unfinished(folder: Path, rounds: int) -> str | None:
+    """Why the run of ``folder`` did not finish its ``rounds`` rounds, or None if it did.
 
-    ``flwr run --stream`` exits 0 even when the ServerApp fails: the run's own record decides.
+    ``flwr run --stream`` exits 0 even when the ServerApp fails: the run's own record decides. A
+    resumed run that extends a finished one says ``finished`` from the start: the rounds tell.
     """
     status = run_status(folder)
-    return None if status == "finished" else status
+    if status != "finished":
+        return status
+    completed = json.loads((folder / "run.json").read_text()).get("rounds_completed")
+    if completed != rounds:
+        return f"stopped after {completed} of {rounds} rounds (see Flower's output)"
+    return None

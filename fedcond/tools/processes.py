@@ -80,8 +80,11 @@ class Processes:
         self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(self, name: str, command: Sequence[str], cwd: Path, log: bool = True) -> subprocess.Popen[bytes]:
-        """Start ``command``; its output goes to ``<log folder>/<name>.log`` (else to ours)."""
-        output: IO[bytes] | None = self.log_path(name).open("wb") if log else None
+        """Start ``command``; its output goes to ``<log folder>/<name>.log`` (else to ours).
+
+        A name started again (a restarted node) appends to its log: what the first one wrote stays.
+        """
+        output: IO[bytes] | None = self.log_path(name).open("ab") if log else None
         try:
             # A new session per process: Ctrl+C reaches only this launcher, which then stops them in order.
             process = subprocess.Popen(
@@ -98,8 +101,26 @@ class Processes:
         return self.log_folder / f"{name}.log"
 
     def stopped(self) -> list[str]:
-        """Names of started processes that have exited."""
+        """Names of started processes that have exited (not counting those ``kill`` ended)."""
         return [name for name, process in self.started if process.poll() is not None]
+
+    def running(self, name: str) -> subprocess.Popen[bytes] | None:
+        """The live process started as ``name``, if any."""
+        return next((process for known, process in self.started if known == name and process.poll() is None), None)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL ``name`` and everything below it at once, as a machine that loses power: no clean-up
+        runs, so no goodbye reaches anyone. Forgotten afterwards: ``stopped`` no longer lists it."""
+        ended = [process for known, process in self.started if known == name]
+        leaders = {process.pid for process in ended if process.poll() is None}
+        family = _processes(leaders | descendants(leaders))
+        _send(family, kill=True)
+        for process in ended:
+            process.wait(timeout=STOP_GRACE)
+        deadline = time.monotonic() + STOP_GRACE
+        while any(alive(process.pid) for process in family) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.started = [(known, process) for known, process in self.started if known != name]
 
     def stop_all(self) -> None:
         """SIGTERM every process and its descendants, SIGKILL what is left after ``STOP_GRACE``."""

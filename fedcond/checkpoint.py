@@ -1,0 +1,231 @@
+"""Checkpoints, and resuming a run from its last finished round in its own folder.
+
+After every round the ServerApp (after every epoch, the pooled protocol) replaces the run's one
+checkpoint, ``checkpoint.pt``: the last finished round, the history so far, the named models the
+server holds (the global model, one per cluster, one per client...) and the plain values it needs
+to go on (the published fingerprint mean and standard deviation, cluster assignments, a pooled
+run's optimiser momentum and batch-order generator). It is written atomically (a temporary file,
+fsync, rename): a run killed at any moment leaves the previous checkpoint or the new one, never
+part of one. The format is ``torch.save`` of plain tensors, numbers, strings, lists and dicts, read
+back with ``weights_only=True``, so loading one runs no pickled code.
+
+Nothing random needs saving: the server's randomness is a function of (seed, round) (Gossip's
+pairings; initial models come from the seed), each client's of (seed, round, partition id) (its
+batch order, ``clients/numpy_client.py``), and a pooled run's batch-order generator is saved. A
+resumed run of a method whose state is all on the server therefore computes exactly what the
+uninterrupted run would have. State kept on clients (Ditto's personal models, Local's models, in
+Flower's ``context.state``) is not in the checkpoint: a resumed run is a new Flower run, whose
+``context.state`` starts empty, so those models start afresh (``run.json`` says so).
+
+``resume=<run folder>`` continues a run: its settings are the ones its ``run.json`` records, and a
+resume is refused (one line, before anything starts) when the folder has no checkpoint, the run is
+still going (its folder's lock is held) or already finished, or the given settings differ from the
+recorded ones. Only where things are and how the run talks may change (``FREE_ON_RESUME``), and
+``num-server-rounds`` may grow past the last finished round, which also extends a finished run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedcond import locks
+from fedcond.config import Option, RunConfig
+from fedcond.errors import FedcondError
+from fedcond.history import PATH_KEYS, RUN_LOCK, RoundRecord, results_base
+
+CHECKPOINT_FILE = "checkpoint.pt"
+FORMAT_VERSION = 1
+#: The name of the global model Flower passes around, among a checkpoint's models.
+GLOBAL_MODEL = "global"
+
+RESUME = Option(
+    "resume", "", "a run folder to continue from its last finished round, with the settings its run.json records"
+)
+#: Settings a resumed run may give differently from the recorded ones: none of them changes a number
+#: the run computes (num-server-rounds only says how far it goes: past the last finished round).
+FREE_ON_RESUME = ("resume", "results-dir", "run-name", "data-dir", "verbose", "node-timeout", "num-server-rounds")
+
+
+@dataclass
+class Checkpoint:
+    """What a run needs to continue after ``round``: its history, named models and plain values."""
+
+    round: int
+    history: list[RoundRecord]
+    models: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    #: Plain values (numbers, strings, bytes, lists, dicts) and tensors (optimiser, generator states).
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_path(folder: Path) -> Path:
+    return folder / CHECKPOINT_FILE
+
+
+def save_checkpoint(folder: Path, checkpoint: Checkpoint) -> int:
+    """Replace ``folder``'s checkpoint with ``checkpoint`` atomically; returns its size in bytes."""
+    payload = {
+        "format": FORMAT_VERSION,
+        "round": checkpoint.round,
+        "history": [dataclasses.asdict(record) for record in checkpoint.history],
+        "models": {
+            name: [torch.from_numpy(np.ascontiguousarray(array)) for array in model]
+            for name, model in checkpoint.models.items()
+        },
+        "values": checkpoint.values,
+    }
+    path = checkpoint_path(folder)
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("wb") as handle:
+        torch.save(payload, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    # The rename itself is durable only once the folder's entry is on disk.
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return path.stat().st_size
+
+
+def load_checkpoint(folder: Path) -> Checkpoint | None:
+    """``folder``'s checkpoint, or None when it has none; an unreadable one is a one-line error."""
+    path = checkpoint_path(folder)
+    if not path.is_file():
+        return None
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        if payload.get("format") != FORMAT_VERSION:
+            raise ValueError(f"format {payload.get('format')!r}, this fedcond reads {FORMAT_VERSION}")
+        return Checkpoint(
+            round=int(payload["round"]),
+            history=[RoundRecord(**record) for record in payload["history"]],
+            models={name: [tensor.numpy() for tensor in model] for name, model in payload["models"].items()},
+            values=dict(payload["values"]),
+        )
+    except Exception as error:
+        raise FedcondError(
+            f"{path} cannot be read ({type(error).__name__}: {' '.join(str(error).split())[:200]}); "
+            "start the run again without resume"
+        ) from None
+
+
+# -- resuming ---------------------------------------------------------------------------------------
+def resume_folder(config: RunConfig) -> Path | None:
+    """The run folder ``config`` resumes, or None for a new run."""
+    value = RESUME.of(config)
+    return Path(value).expanduser().resolve() if value else None
+
+
+def run_info(folder: Path) -> dict[str, Any]:
+    """A run folder's ``run.json``, or a one-line error saying what ``resume=`` needs."""
+    try:
+        return json.loads((folder / "run.json").read_text())
+    except FileNotFoundError:
+        raise FedcondError(
+            f"resume={folder}: no run.json there; give the folder of a run (results-dir/run-name)"
+        ) from None
+    except ValueError as error:
+        raise FedcondError(f"resume={folder}: its run.json is not valid JSON ({error}); start a new run") from None
+
+
+def recorded_settings(folder: Path, info: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings ``run.json`` records, with their paths absolute again and the run in ``folder``."""
+    mapping = dict(info.get("config", {}))
+    for key in PATH_KEYS:
+        if mapping.get(key):
+            mapping[key] = str((folder / str(mapping[key])).resolve())
+    mapping.update({"results-dir": str(folder.parent), "run-name": folder.name})
+    mapping.pop(RESUME.key, None)
+    return mapping
+
+
+def contradictions(config: RunConfig, recorded: Mapping[str, Any]) -> list[str]:
+    """``key=value (recorded value)`` for every setting of ``config`` a resume may not change.
+
+    ``run.json`` records resolved settings (dataset defaults filled in), so ``config`` is compared
+    resolved; a key it lacks (a setting newer than the run) is not compared.
+    """
+    wanted = config.resolved().to_mapping()
+    return [
+        f"{key}={json.dumps(wanted[key])} (recorded {json.dumps(recorded[key])})"
+        for key in sorted(wanted)
+        if key not in FREE_ON_RESUME and key in recorded and wanted[key] != recorded[key]
+    ]
+
+
+def resume_settings(folder: Path, overrides: Mapping[str, Any], declared: Sequence[Option]) -> RunConfig:
+    """``fedcond run resume=FOLDER [key=value ...]``: the recorded settings, and the command line's
+    values over them (a value that contradicts a recorded one is refused by ``check_resume``)."""
+    folder = folder.expanduser().resolve()
+    given = {key: value for key, value in overrides.items() if key != RESUME.key}
+    if given.get("data-dir"):
+        given["data-dir"] = str(Path(str(given["data-dir"])).expanduser().resolve())
+    mapping = {**recorded_settings(folder, run_info(folder)), **given, RESUME.key: str(folder)}
+    try:
+        return RunConfig.from_mapping(mapping, declared)
+    except FedcondError as error:
+        raise FedcondError(f"resume={folder}: {error}") from None
+
+
+def check_resume(config: RunConfig) -> Checkpoint:
+    """Every check of ``resume=`` before anything starts; returns the checkpoint to continue from."""
+    folder = resume_folder(config)
+    if folder is None:
+        raise FedcondError("resume is empty; give resume=<run folder>")
+    info = run_info(folder)
+    differing = contradictions(config, recorded_settings(folder, info))
+    if differing:
+        raise FedcondError(
+            f"resume={folder}: a resumed run keeps its recorded settings, but these differ: {', '.join(differing)}; "
+            "give the recorded values or leave them out (fedcond run resume=FOLDER passes them for you)"
+        )
+    if config.run_name and results_base(config) / config.run_name != folder:
+        raise FedcondError(
+            f"resume={folder}: a resumed run stays in its folder; leave out results-dir and run-name "
+            f"(they name {results_base(config) / config.run_name})"
+        )
+    holder = locks.holder_of(folder / RUN_LOCK)
+    if holder is not None:
+        raise FedcondError(f"resume={folder}: the run is still going (process {holder}); wait for it or stop it first")
+    checkpoint = load_checkpoint(folder)
+    if checkpoint is None:
+        raise FedcondError(
+            f"resume={folder}: no {CHECKPOINT_FILE} there (the run stopped before finishing round 1); "
+            "start it again without resume"
+        )
+    rounds = config.num_server_rounds
+    if rounds <= checkpoint.round:
+        if info.get("status") == "finished":
+            raise FedcondError(
+                f"resume={folder}: the run already finished its {checkpoint.round} rounds; to extend it, "
+                f"give num-server-rounds above {checkpoint.round}"
+            )
+        raise FedcondError(
+            f"resume={folder}: num-server-rounds={rounds} is not above the {checkpoint.round} rounds already "
+            "finished; give a larger num-server-rounds or leave it out"
+        )
+    return checkpoint
+
+
+def resumption_note(checkpoint: Checkpoint, info: Mapping[str, Any], restarted_on_clients: str = "") -> dict[str, Any]:
+    """What ``run.json`` records of one resume: from which round, when, how the run had stopped,
+    and which state kept on clients started afresh (empty when none)."""
+    previous = str(info.get("status", "missing"))
+    return {
+        "from_round": checkpoint.round + 1,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "previous_status": f"{previous}: {info['error']}" if "error" in info else previous,
+        "restarted_on_clients": restarted_on_clients or None,
+    }

@@ -1,0 +1,370 @@
+"""The failure policy, membership and time limits, without Ray: strategies driven by fake nodes.
+
+The fake nodes answer as Flower's proxies do (or raise, as a failed client's proxy does), and
+Flower's own ``fit_clients`` / ``evaluate_clients`` run the instructions, so the strategies see
+exactly the results and failures a real round gives them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.common import (
+    Code,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    Parameters,
+    Scalar,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.server import evaluate_clients, fit_clients
+
+from fedcond.errors import FedcondError
+from fedcond.history import RunRecorder, results_folder
+from fedcond.messages import ACCURACY, CHOICE, CLUSTER, ERROR, PARTITION_ID, TRAIN_LOSS
+from fedcond.participation import FAILED, TIMED_OUT, RoundParticipation, required_answers
+from strategies.base import EMPTY, FedcondStrategy, StrategyInputs
+from strategies.federation import classify_failure, failure_reason
+from strategies.membership import Membership
+from strategies.registry import get_method, run_config
+
+Reply = Callable[[int], FitRes]
+
+
+def layer_model(value: float) -> list[np.ndarray]:
+    return [np.full((2, 3), value, dtype=np.float32), np.full(4, value, dtype=np.float32)]
+
+
+class FakeNode(ClientProxy):
+    """A node holding ``partition`` (of ``cluster``); fits return ``layer_model(partition + 1)`` with
+    ``10 * (partition + 1)`` samples unless ``fit_error`` makes the call raise, as Flower's proxy of a
+    failed client does."""
+
+    def __init__(self, cid: str, partition: int, cluster: int, fit_error: str = "") -> None:
+        super().__init__(cid)
+        self.partition, self.cluster, self.fit_error = partition, cluster, fit_error
+        self.identity_questions = 0
+
+    def identity(self) -> dict[str, int]:
+        return {PARTITION_ID: self.partition, CLUSTER: self.cluster}
+
+    def get_properties(self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None) -> GetPropertiesRes:
+        self.identity_questions += 1
+        return GetPropertiesRes(Status(Code.OK, ""), self.identity())
+
+    def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
+        if self.fit_error:
+            raise ValueError(self.fit_error)
+        metrics = {**self.identity(), TRAIN_LOSS: 1.0, CHOICE: self.cluster}
+        return FitRes(
+            Status(Code.OK, ""), ndarrays_to_parameters(layer_model(self.partition + 1)), self.samples, metrics
+        )
+
+    def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
+        return EvaluateRes(Status(Code.OK, ""), 0.5, 20, {**self.identity(), ACCURACY: 0.75})
+
+    @property
+    def samples(self) -> int:
+        return 10 * (self.partition + 1)
+
+    def get_parameters(self, *args: object) -> None:
+        raise NotImplementedError
+
+    def reconnect(self, *args: object) -> None:
+        raise NotImplementedError
+
+
+def federation(nodes: list[FakeNode]) -> SimpleClientManager:
+    manager = SimpleClientManager()
+    for node in nodes:
+        manager.register(node)
+    return manager
+
+
+def two_by_two(**errors: str) -> list[FakeNode]:
+    """2 clusters x 2 clients: partitions 0, 1 in cluster 0 and 2, 3 in cluster 1; ``p1="why"`` fails partition 1."""
+    return [FakeNode(f"node-{p}", p, p // 2, errors.get(f"p{p}", "")) for p in range(4)]
+
+
+def strategy_for(method: str, tmp_path: Path | None = None, **settings: object) -> FedcondStrategy:
+    mapping = {"method": method, "num-clusters": 2, "clients-per-cluster": 2, "verbose": False, **settings}
+    config = run_config(mapping)
+    recorder = (
+        RunRecorder(results_folder(config.replace(results_dir=str(tmp_path))), config, {}, 2) if tmp_path else None
+    )
+    strategy_class = get_method(method).strategy
+    assert strategy_class is not None
+    return strategy_class(StrategyInputs(config, 10, False, recorder))
+
+
+def fit_round(
+    strategy: FedcondStrategy, manager: SimpleClientManager, server_round: int = 2
+) -> tuple[Parameters | None, dict[str, Scalar]]:
+    """configure_fit, Flower's fit_clients, aggregate_fit: what Flower's server does in a round's fit."""
+    instructions = strategy.configure_fit(server_round, EMPTY, manager)
+    results, failures = fit_clients(instructions, max_workers=None, timeout=None, group_id=server_round)
+    return strategy.aggregate_fit(server_round, results, failures)
+
+
+def test_required_answers_round_up_and_keep_their_floor():
+    assert required_answers(0.8, 5) == 4  # 0.8 x 5 is 4.000000000000001 in floating point
+    assert required_answers(0.8, 4) == 4 and required_answers(0.75, 4) == 3 and required_answers(0.8, 15) == 12
+    assert required_answers(0.0, 4) == 1  # at least one client, always
+    assert required_answers(0.0, 6, floor=3) == 3 and required_answers(1.0, 2, floor=3) == 2
+
+
+def test_a_client_counts_once_by_its_first_failure():
+    participation = RoundParticipation(3, range(5))
+    participation.fail("fit", 1, "boom\n  on two lines")
+    participation.fail("evaluate", 1, "later")  # same client: still one failure in the counts
+    participation.fail("fit", 2, "no answer", TIMED_OUT)
+    participation.fail("evaluate", 4, "node left")
+    assert participation.counts() == {
+        "clients_asked": 5, "clients_answered": 2, "clients_failed": 2, "clients_timed_out": 1,
+    }  # fmt: skip
+    assert [f.reason for f in participation.new_failures()] == ["boom on two lines", "later", "no answer", "node left"]
+    assert participation.new_failures() == []  # each is reported once
+    participation.check(0.4)
+    with pytest.raises(FedcondError) as error:
+        participation.check(0.5, stage="evaluate")
+    assert str(error.value) == (
+        "round 3: 2 of 5 clients answered in evaluate, fewer than the 3 that min-answered-fraction=0.5 require; "
+        "first: round 3: partition 1 failed in fit: boom on two lines; every failure is listed in run.json: "
+        "fix those clients or lower min-answered-fraction"
+    )
+
+
+def test_fedavg_averages_the_survivors_with_renormalised_weights(tmp_path):
+    strategy = strategy_for("fedavg", tmp_path, **{"min-answered-fraction": 0.75})
+    crashed = "Message contains an Error (reason: <class 'RuntimeError'>:<'client crashed'>). It originated ..."
+    nodes = two_by_two(p1=crashed)
+    manager = federation(nodes)
+    strategy.initialize_parameters(manager)
+    parameters, _ = fit_round(strategy, manager)
+    # Partitions 0, 2, 3 answered: models 1, 3, 4 with 10, 30, 40 samples; partition 1 is left out.
+    expected = (10 * 1 + 30 * 3 + 40 * 4) / (10 + 30 + 40)
+    for layer in parameters_to_ndarrays(parameters):
+        np.testing.assert_allclose(layer, expected, rtol=1e-6)
+    assert strategy.participation.counts()["clients_failed"] == 1
+    (folder,) = tmp_path.iterdir()
+    failures = json.loads((folder / "run.json").read_text())["failures"]
+    assert failures == [
+        {"round": 2, "stage": "fit", "partition-id": 1, "outcome": "failed", "reason": "RuntimeError: client crashed"}
+    ]
+
+
+def test_a_reported_error_and_a_failed_status_are_failures_too():
+    strategy = strategy_for("fedavg", **{"min-answered-fraction": 0.5})
+    manager = federation(two_by_two())
+    strategy.initialize_parameters(manager)
+    instructions = strategy.configure_fit(1, EMPTY, manager)
+    results, failures = fit_clients(instructions, max_workers=None, timeout=None, group_id=1)
+    by_partition = {proxy.partition_id: (proxy, res) for proxy, res in results}  # type: ignore[attr-defined]
+    by_partition[0][1].metrics[ERROR] = "training loss became nan; lower learning-rate"
+    proxy, res = by_partition.pop(3)
+    failures.append((proxy, FitRes(Status(Code.FIT_NOT_IMPLEMENTED, "no fit here"), res.parameters, 0, {})))
+    strategy.aggregate_fit(1, [pair for p, pair in by_partition.items() if p != 3], failures)
+    reasons = {f.partition_id: f.reason for f in strategy.participation.failures}
+    assert reasons == {0: "training loss became nan; lower learning-rate", 3: "no fit here"}
+
+
+def test_below_the_threshold_the_round_stops_the_run_before_aggregating():
+    strategy = strategy_for("fedavg")  # default min-answered-fraction 0.8: 4 of 4 needed
+    manager = federation(two_by_two(p2="the client crashed"))
+    strategy.initialize_parameters(manager)
+    with pytest.raises(FedcondError, match=r"round 2: 3 of 4 clients answered in fit, fewer than the 4") as error:
+        fit_round(strategy, manager)
+    assert "partition 2 failed in fit: the client crashed" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_node_that_left_fails_before_it_is_asked_and_counts_once(tmp_path):
+    strategy = strategy_for("fedavg", tmp_path, **{"min-answered-fraction": 0.5})
+    nodes = two_by_two()
+    manager = federation(nodes)
+    strategy.initialize_parameters(manager)
+    manager.unregister(nodes[3])
+    instructions = strategy.configure_fit(1, EMPTY, manager)
+    assert sorted(proxy.partition_id for proxy, _ in instructions) == [0, 1, 2]  # type: ignore[attr-defined]
+    results, failures = fit_clients(instructions, max_workers=None, timeout=None, group_id=1)
+    strategy.aggregate_fit(1, results, failures)
+    evaluations = strategy.configure_evaluate(1, EMPTY, manager)
+    results, failures = evaluate_clients(evaluations, max_workers=None, timeout=None, group_id=1)
+    strategy.aggregate_evaluate(1, results, failures)
+    (record,) = strategy.inputs.recorder.records  # type: ignore[union-attr]
+    assert (record.clients_asked, record.clients_answered, record.clients_failed, record.clients_timed_out) == (
+        4, 3, 1, 0,
+    )  # fmt: skip
+    (folder,) = tmp_path.iterdir()
+    info = json.loads((folder / "run.json").read_text())
+    assert [(f["stage"], f["partition-id"], f["reason"]) for f in info["failures"]] == [
+        ("fit", 3, "node left"), ("evaluate", 3, "node left"),
+    ]  # fmt: skip
+    assert info["membership"][0] | {"node-id": None} == {
+        "round": 1, "event": "left", "partition-id": 3, "node-id": None, "reason": "node left",
+    }  # fmt: skip
+    # Only the clients that answered evaluate make the round's numbers.
+    assert record.accuracy == pytest.approx(0.75) and record.cluster_accuracy == {0: 0.75, 1: 0.75}
+
+
+def test_too_few_connected_nodes_stop_the_round_before_anything_is_sent():
+    strategy = strategy_for("fedavg")  # 0.8 of 4: all 4 needed
+    nodes = two_by_two()
+    manager = federation(nodes)
+    strategy.initialize_parameters(manager)
+    manager.unregister(nodes[0])
+    with pytest.raises(FedcondError) as error:
+        strategy.configure_fit(1, EMPTY, manager)
+    assert str(error.value).startswith(
+        "round 1: 3 of 4 clients are left to ask in fit, fewer than the 4 that min-answered-fraction=0.8 require; "
+        "first: round 1: partition 0 failed in fit: node left;"
+    )
+
+
+def test_oracle_keeps_a_silent_clusters_model_and_needs_one_answer_per_model():
+    strategy = strategy_for("oracle", **{"min-answered-fraction": 0.0})
+    manager = federation(two_by_two(p2="crashed", p3="crashed"))  # all of cluster 1
+    strategy.initialize_parameters(manager)
+    assert strategy.assignment == {0: 0, 1: 0, 2: 1, 3: 1}  # type: ignore[attr-defined]
+    silent = [np.copy(layer) for layer in strategy.models[1]]  # type: ignore[attr-defined]
+    fit_round(strategy, manager)
+    for layer, before in zip(strategy.models[1], silent, strict=True):  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(layer, before)
+    np.testing.assert_allclose(strategy.models[0][0], (10 * 1 + 20 * 2) / 30)  # type: ignore[attr-defined]
+    # One answer for two models: too few, whatever min-answered-fraction allows.
+    strategy = strategy_for("oracle", **{"min-answered-fraction": 0.0})
+    manager = federation(two_by_two(p1="crashed", p2="crashed", p3="crashed"))
+    strategy.initialize_parameters(manager)
+    floor = r"1 of 4 clients answered in fit, fewer than the 2 that min-answered-fraction=0 and one per cluster model"
+    with pytest.raises(FedcondError, match=floor):
+        fit_round(strategy, manager)
+
+
+def test_ifca_sends_every_model_to_a_client_that_has_not_chosen_yet():
+    strategy = strategy_for("ifca", **{"min-answered-fraction": 0.5})
+    manager = federation(two_by_two(p1="crashed in round 1"))
+    strategy.initialize_parameters(manager)
+    fit_round(strategy, manager, server_round=1)
+    assert strategy.assignment == {0: 0, 2: 1, 3: 1}  # type: ignore[attr-defined]
+    one_model = len(strategy.evaluate_parameters(0, EMPTY).tensors)
+    assert len(strategy.evaluate_parameters(1, EMPTY).tensors) == 2 * one_model  # all K = 2 models
+
+
+def test_ifca_client_evaluates_the_model_it_would_choose_when_given_all():
+    from fedcond.models import get_weights
+    from tests.test_methods import client_of
+
+    client = client_of("ifca")
+    good = get_weights(client.model)
+    broken = [np.zeros_like(w) for w in good]
+    broken[-1] = np.array([50.0] + [0.0] * (len(broken[-1]) - 1), dtype=np.float32)  # always predicts class 0
+    chosen = broken if np.all(client.data.train_y == 0) else good
+    assert client.evaluate([*broken, *good], {"server-round": 1}) == client.evaluate(chosen, {"server-round": 1})
+
+
+@pytest.mark.parametrize("method", ["gossip", "dac"])
+def test_peers_that_did_not_answer_keep_their_models_and_are_skipped(method):
+    strategy = strategy_for(method, **{"min-answered-fraction": 0.5, "dac-neighbours": 3})
+    manager = federation(two_by_two(p1="crashed"))
+    strategy.initialize_parameters(manager)
+    start = [np.copy(layer) for layer in strategy.models[1]]  # type: ignore[attr-defined]
+    fit_round(strategy, manager)
+    models = strategy.models  # type: ignore[attr-defined]
+    for layer, initial in zip(models[1], start, strict=True):
+        np.testing.assert_array_equal(layer, initial)  # absent: untouched
+    survivors = [models[p][0][0, 0] for p in (0, 2, 3)]
+    # Only the survivors' models (1, 3, 4) were mixed: their values stay among themselves, their mean kept.
+    assert all(1.0 <= value <= 4.0 for value in survivors) and sum(survivors) == pytest.approx(8.0)
+
+
+def test_membership_maps_a_rejoining_node_back_and_refuses_a_second_claim(tmp_path, capsys):
+    config = run_config({"num-clusters": 2, "clients-per-cluster": 2, "results-dir": str(tmp_path)})
+    recorder = RunRecorder(results_folder(config), config, {}, 2)
+    nodes = two_by_two()
+    manager = federation(nodes)
+    membership = Membership(4, None, recorder, verbose=False)
+    membership.start(nodes)
+    assert {p: proxy.cid for p, proxy in membership.node_of.items()} == {p: f"node-{p}" for p in range(4)}
+    # Partition 2's SuperNode restarts: a new node id, the same partition.
+    manager.unregister(nodes[2])
+    restarted = FakeNode("node-2-again", 2, 1)
+    manager.register(restarted)
+    connected = membership.refresh(manager, 3)
+    assert connected[2] is restarted and len(connected) == 4
+    # A second node claiming partition 0 while node-0 is connected: refused, never instructed, said once.
+    second = FakeNode("intruder", 0, 0)
+    manager.register(second)
+    assert membership.refresh(manager, 4)[0] is nodes[0]
+    assert membership.refresh(manager, 5)[0] is nodes[0] and second.identity_questions == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "fedcond: round 4: partition 0 refused: partition-id 0 is held by a connected node, so this node is never "
+        "instructed; give each SuperNode its own --node-config partition-id=..."
+    ]
+    # When partition 0's node leaves, the waiting node takes its place.
+    manager.unregister(nodes[0])
+    assert membership.refresh(manager, 6)[0] is second
+    events = json.loads((recorder.folder / "run.json").read_text())["membership"]
+    assert [(e["round"], e["event"], e["partition-id"], e["node-id"]) for e in events] == [
+        (3, "left", 2, "node-2"), (3, "joined", 2, "node-2-again"), (4, "refused", 0, "intruder"),
+        (6, "left", 0, "node-0"), (6, "joined", 0, "intruder"),
+    ]  # fmt: skip
+
+
+def test_two_nodes_with_one_partition_at_the_start_stop_the_run():
+    nodes = [FakeNode("a", 0, 0), FakeNode("b", 1, 0), FakeNode("c", 1, 1), FakeNode("d", 3, 1)]
+    with pytest.raises(FedcondError) as error:
+        Membership(4, None).start(nodes)
+    assert str(error.value) == (
+        "partition-id 1 is claimed by 2 nodes and 1 partition(s) by none; give each SuperNode its own "
+        "--node-config partition-id=... (0..3)"
+    )
+    with pytest.raises(FedcondError, match=r"a node reports partition-id 7, outside this run's 0\.\.3"):
+        Membership(4, None).start([FakeNode("a", 7, 0)])
+
+
+def test_why_a_client_did_not_answer_is_read_from_flowers_error_replies():
+    # Flower's own reasons (importing them costs seconds, so the strategy matches their key phrases).
+    from flwr.server.superlink.linkstate.utils import (
+        MESSAGE_UNAVAILABLE_ERROR_REASON,
+        NODE_UNAVAILABLE_ERROR_REASON,
+        REPLY_MESSAGE_UNAVAILABLE_ERROR_REASON,
+    )
+
+    def proxy_error(reason: str) -> ValueError:  # as flwr.server.compat.grid_client_proxy raises it
+        return ValueError(
+            f"Message contains an Error (reason: {reason}). It originated during client-side execution of a message."
+        )
+
+    expired = proxy_error(MESSAGE_UNAVAILABLE_ERROR_REASON)
+    assert classify_failure(expired, 30.2, 30.0) == (TIMED_OUT, "no answer within round-timeout=30 s")
+    assert classify_failure(proxy_error(REPLY_MESSAGE_UNAVAILABLE_ERROR_REASON), 31, 30.0)[0] == TIMED_OUT
+    assert classify_failure(expired, 2.0, 30.0) == (FAILED, "node left")  # deleted with its node, early
+    assert classify_failure(proxy_error(NODE_UNAVAILABLE_ERROR_REASON), 2.0, None) == (FAILED, "node left")
+    crashed = proxy_error(
+        "<class 'flwr.clientapp.client_app.ClientAppException'>:<'\nException ClientAppException occurred. "
+        "Message: CUDA out of memory'>"
+    )
+    assert classify_failure(crashed, 1.0, 30.0) == (FAILED, "CUDA out of memory")
+    wrapped = RuntimeError(
+        "ClientApp raised an exception\nTraceback (most recent call last):\n  File 'x.py'\n"
+        "fedcond.errors.FedcondError: training loss became nan; lower learning-rate (now 1000000.0)"
+    )
+    assert failure_reason(wrapped) == "training loss became nan; lower learning-rate (now 1000000.0)"
+    # A SuperNode's ClientApp that raised (deployment words it so): a FedcondError's message names the fix.
+    deployed = proxy_error("<class 'fedcond.errors.FedcondError'>:<'this node was started for 4 partitions'>")
+    assert failure_reason(deployed) == "this node was started for 4 partitions"
+    assert failure_reason(proxy_error("<class 'ZeroDivisionError'>:<'division by zero'>")) == (
+        "ZeroDivisionError: division by zero"
+    )

@@ -1,0 +1,370 @@
+"""Checkpoint and resume: a run killed after round 2 and resumed computes what an uninterrupted run
+does; bad resumes are refused in one line before anything starts; compare/sweep resume what stopped."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcond import locks
+from fedcond.checkpoint import RESUME, Checkpoint, check_resume, load_checkpoint, save_checkpoint
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.history import RUN_LOCK, RoundRecord, RunRecorder, reopen_run, run_status
+from fedcond.pooled import run_pooled
+from fedcond.tools.cli import default_config, main
+from fedcond.tools.experiment import Experiment, run_experiment
+from fedcond.tools.flwr_commands import prepare
+from strategies.registry import run_config
+from strategies.simulation import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+# Columns that must agree between a resumed and an uninterrupted run: everything but wall time.
+TIMES = ("seconds", "elapsed_seconds")
+
+
+def small(tmp_path: Path, method: str, name: str, **settings: object) -> RunConfig:
+    values = {
+        "method": method, "num-clusters": 2, "clients-per-cluster": 1, "num-server-rounds": 4, "local-epochs": 1,
+        "data-fraction": 0.5, "results-dir": str(tmp_path / "results"), "run-name": name, "verbose": False,
+        **settings,
+    }  # fmt: skip
+    return run_config(values)
+
+
+def history(folder: Path) -> list[dict[str, str]]:
+    with (folder / "history.csv").open() as handle:
+        return [{key: value for key, value in row.items() if key not in TIMES} for row in csv.DictReader(handle)]
+
+
+def assert_same_models(first: Checkpoint, second: Checkpoint) -> None:
+    assert sorted(first.models) == sorted(second.models)
+    for name, model in first.models.items():
+        assert len(model) == len(second.models[name])
+        assert all(np.array_equal(a, b) for a, b in zip(model, second.models[name], strict=True)), name
+
+
+def kill_after_round(config: RunConfig, folder: Path, round_number: int, tmp_path: Path) -> Checkpoint:
+    """Run ``config`` in a process of its own and SIGKILL it (and every process it started) as soon
+    as the checkpoint of ``round_number`` exists."""
+    script = (
+        "import json, sys\nfrom strategies.registry import run_config\nfrom strategies.simulation import simulate\n"
+        "simulate(run_config(json.loads(sys.argv[1])))\n"
+    )
+    log = (tmp_path / "killed.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, json.dumps(config.to_mapping())],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: Ray's processes go with it
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            checkpoint = load_checkpoint(folder) if folder.is_dir() else None
+            if checkpoint is not None and checkpoint.round >= round_number:
+                break
+            time.sleep(0.02)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        log.close()
+    checkpoint = load_checkpoint(folder)
+    assert checkpoint is not None, (tmp_path / "killed.log").read_text()[-2000:]
+    return checkpoint
+
+
+RESUMED_METHODS = {
+    # The global model and the secure sum's published fingerprint statistics.
+    "conditional": {},
+    # A model per client held on the server, saved by partition id and handed back to the resumed
+    # run's new node ids: three clients, each averaging with one peer, so that every model differs.
+    "dac": {"num-clusters": 3, "dac-neighbours": 1},
+}
+
+
+@pytest.mark.parametrize("method", list(RESUMED_METHODS))
+def test_a_run_killed_after_round_2_and_resumed_equals_the_uninterrupted_run(tmp_path, method):
+    settings = RESUMED_METHODS[method]
+    simulate(small(tmp_path, method, "straight", **settings))
+    folder = tmp_path / "results" / "killed"
+    stopped = kill_after_round(small(tmp_path, method, "killed", **settings), folder, 2, tmp_path)
+    # Killed for real: no round 4, and run.json was left saying "running", as a killed process leaves it.
+    assert 2 <= stopped.round < 4 and run_status(folder) == "running"
+    assert locks.holder_of(folder / RUN_LOCK) is None  # the kernel let go of a dead process's lock
+
+    simulate(RESUME.set(small(tmp_path, method, "killed", **settings), str(folder)))
+
+    assert history(folder) == history(tmp_path / "results" / "straight")  # accuracies, losses, bytes
+    assert_same_models(load_checkpoint(folder), load_checkpoint(tmp_path / "results" / "straight"))
+    info = json.loads((folder / "run.json").read_text())
+    assert info["status"] == "finished" and info["rounds_completed"] == 4
+    (resumed,) = info["resumed"]
+    assert resumed["from_round"] == stopped.round + 1 and resumed["previous_status"] == "running"
+    assert resumed["restarted_on_clients"] is None  # nothing of these methods lives on the clients
+    assert "resume" not in info["config"]  # run.json names no path of this machine
+    assert info["checkpoint"]["bytes"] > 0 and info["checkpoint"]["seconds_per_round"] > 0
+
+
+def checkpointed_run(tmp_path: Path, done: int = 2, finished: bool = False) -> tuple[Path, RunConfig]:
+    """A 3-round run's folder as the ServerApp leaves it after ``done`` rounds (finished, or killed)."""
+    config = small(tmp_path, "conditional", "stopped", **{"num-server-rounds": 3}).resolved()
+    folder = tmp_path / "results" / "stopped"
+    folder.mkdir(parents=True)
+    recorder = RunRecorder(folder, config, {}, config.num_clusters)
+    for number in range(1, done + 1):
+        recorder.add(RoundRecord(number, 0.5, 1.0, 1.0, 1.0, float(number), 10, 10))
+    save_checkpoint(folder, Checkpoint(done, list(recorder.records), {"global": [np.zeros(3, np.float32)]}))
+    if finished:
+        recorder.finish()
+    recorder.close()
+    return folder, config
+
+
+@pytest.mark.parametrize(
+    ("case", "settings", "message"),
+    [
+        ("no run.json", [], "no run.json there; give the folder of a run"),
+        ("no checkpoint", [], "no checkpoint.pt there (the run stopped before finishing round 1); start it again"),
+        ("finished", [], "the run already finished its 3 rounds; to extend it, give num-server-rounds above 3"),
+        ("stopped", ["method=fedavg", "seed=1"], 'these differ: method="fedavg" (recorded "conditional"), seed=1'),
+        ("stopped", ["num-server-rounds=2"], "num-server-rounds=2 is not above the 2 rounds already finished"),
+        ("stopped", ["run-name=other"], "a resumed run stays in its folder; leave out results-dir and run-name"),
+        ("held", [], "the run is still going (process "),
+    ],
+)
+def test_a_bad_resume_is_refused_in_one_line_before_anything_starts(tmp_path, capsys, case, settings, message):
+    folder, _ = checkpointed_run(tmp_path, done=3 if case == "finished" else 2, finished=case == "finished")
+    if case == "no run.json":
+        (folder / "run.json").unlink()
+    if case == "no checkpoint":
+        (folder / "checkpoint.pt").unlink()
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    held = locks.acquire(folder / RUN_LOCK) if case == "held" else None
+    try:
+        assert main(["run", f"resume={folder}", *settings]) == 2
+    finally:
+        if held is not None:
+            held.close()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fedcond: error: resume={folder}: ") and message in line
+    after = {path.name: path.read_bytes() for path in folder.iterdir()}
+    assert {name: data for name, data in after.items() if name != RUN_LOCK} == {
+        name: data for name, data in before.items() if name != RUN_LOCK
+    }  # nothing was touched
+
+
+def test_fedcond_run_resume_passes_the_recorded_settings_in_full(tmp_path):
+    folder, recorded = checkpointed_run(tmp_path)
+    # Raising num-server-rounds extends the run; verbose is free; every other setting is the record's,
+    # passed in full to flwr run, since a deployed client sees only the run config.
+    config, overrides = prepare([f"resume={folder}", "num-server-rounds=5", "verbose=true"])
+    assert config.num_server_rounds == 5 and config.verbose and RESUME.of(config) == str(folder)
+    free = ("num-server-rounds", "verbose", "resume")
+    assert {key: value for key, value in config.to_mapping().items() if key not in free} == {
+        key: value for key, value in recorded.to_mapping().items() if key not in free
+    }
+    assert overrides == config.to_mapping() and overrides["run-name"] == "stopped"
+    assert check_resume(config).round == 2
+    # Extending a finished run is a resume too.
+    finished, _ = checkpointed_run(tmp_path / "other", done=3, finished=True)
+    assert prepare([f"resume={finished}", "num-server-rounds=4"])[0].num_server_rounds == 4
+
+
+def test_plain_flwr_run_resume_needs_the_recorded_settings(tmp_path):
+    """``flwr run --run-config 'resume=...'`` gives the app's defaults for every key it does not
+    set: the ServerApp cannot tell them from given values, so any that differs is refused."""
+    folder, _ = checkpointed_run(tmp_path)
+    given = {**default_config(), "num-clusters": 2, "clients-per-cluster": 1, "data-fraction": 0.5}
+    config = RESUME.set(run_config(given), str(folder))
+    with pytest.raises(FedcondError, match=r"these differ: local-epochs=5 \(recorded 1\); give the recorded values"):
+        check_resume(config)
+    assert check_resume(config.replace(local_epochs=1)).round == 2
+
+
+def test_a_pooled_run_that_failed_in_epoch_3_resumes_to_the_uninterrupted_numbers(tmp_path, monkeypatch):
+    import fedcond.pooled
+
+    settings = {"num-server-rounds": 3, "data-fraction": 0.25}
+    straight = small(tmp_path, "pooled-conditional", "straight", **settings)
+    run_pooled(straight)
+    evaluate, calls = fedcond.pooled.evaluate, []
+
+    def failing_in_round_3(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == 2 * 2 + 1:  # 2 clients evaluated a round: the first evaluation of round 3
+            raise RuntimeError("the machine went away")
+        return evaluate(*args)
+
+    monkeypatch.setattr(fedcond.pooled, "evaluate", failing_in_round_3)
+    stopped = small(tmp_path, "pooled-conditional", "stopped", **settings)
+    with pytest.raises(RuntimeError):
+        run_pooled(stopped)
+    folder = tmp_path / "results" / "stopped"
+    assert run_status(folder) == "failed: RuntimeError: the machine went away" and load_checkpoint(folder).round == 2
+    monkeypatch.setattr(fedcond.pooled, "evaluate", evaluate)
+
+    run_pooled(RESUME.set(stopped, str(folder)))
+
+    assert history(folder) == history(tmp_path / "results" / "straight")
+    assert_same_models(load_checkpoint(folder), load_checkpoint(tmp_path / "results" / "straight"))
+    info = json.loads((folder / "run.json").read_text())
+    assert info["status"] == "finished" and "error" not in info
+    assert info["resumed"][0]["previous_status"] == "failed: RuntimeError: the machine went away"
+    assert (folder / "traceback-before-resume-1.txt").is_file() and not (folder / "traceback.txt").exists()
+
+
+class CheckpointingRunner:
+    """Writes a run's folder and checkpoint as the ServerApp does; ``stop_after`` rounds, the run
+    "dies" (returns with run.json still running); a resume goes on from the checkpoint."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.calls: list[RunConfig] = []
+        self.stop_after = stop_after
+
+    def __call__(self, config: RunConfig) -> None:
+        self.calls.append(config)
+        folder = Path(config.results_dir) / config.run_name
+        checkpoint = load_checkpoint(folder) if RESUME.of(config) else None
+        if checkpoint is None:
+            folder.mkdir(parents=True)
+            recorder = RunRecorder(folder, config.resolved(), {}, config.num_clusters)
+        else:
+            recorder = reopen_run(config.resolved(), folder, config.num_clusters, checkpoint.history, {})
+        for number in range((checkpoint.round if checkpoint else 0) + 1, config.num_server_rounds + 1):
+            recorder.add(RoundRecord(number, 0.1 * number, 1.0, 1.0, 1.0, float(number), 10, 10))
+            save_checkpoint(folder, Checkpoint(number, list(recorder.records)))
+            if number == self.stop_after:
+                recorder.close()
+                return
+        recorder.finish()
+
+
+def test_compare_resumes_interrupted_runs_and_restarts_the_rest_from_scratch(tmp_path):
+    experiment = Experiment(
+        {"num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 4},
+        {"method": ["fedavg", "ditto"], "seed": [0, 1]},
+        kind="compare",
+    )
+    run_experiment(experiment, default_config(), tmp_path, CheckpointingRunner(stop_after=2), io.StringIO())
+    runs = tmp_path / "runs"
+    assert {run_status(folder) for folder in runs.iterdir()} == {"failed: the run ended without finishing; "
+                                                                 "see the error printed above this line"}  # fmt: skip
+    (runs / "method-fedavg_seed-1" / "checkpoint.pt").unlink()  # as if killed before round 1 finished
+    runner, stream = CheckpointingRunner(), io.StringIO()
+
+    run_experiment(experiment, default_config(), tmp_path, runner, stream)
+
+    resumed = {(config.method, config.seed): RESUME.of(config) for config in runner.calls}
+    # fedavg seed 0 goes on from its checkpoint; seed 1 has none; Ditto's personal models live on its
+    # clients, which a resume would restart: both start afresh.
+    assert resumed == {
+        ("fedavg", 0): str(runs / "method-fedavg_seed-0"), ("fedavg", 1): "", ("ditto", 0): "", ("ditto", 1): "",
+    }  # fmt: skip
+    assert "4 to run (1 resumed from their checkpoint)" in stream.getvalue()
+    assert "[1/4] method-fedavg_seed-0 (4 clients, resumed after round 2)" in stream.getvalue()
+    # The resumed run's progress lines are its rounds 3 and 4, not again 1 and 2.
+    assert "method-fedavg_seed-0: round 1/4" not in stream.getvalue()
+    assert "method-fedavg_seed-0: round 4/4" in stream.getvalue()
+    for folder in runs.iterdir():
+        assert run_status(folder) == "finished"
+        assert [row["round"] for row in history(folder)] == ["1", "2", "3", "4"]
+    assert len(json.loads((runs / "method-fedavg_seed-0" / "run.json").read_text())["resumed"]) == 1
+    # A third rerun finds everything finished, resumed runs included (their settings compare equal).
+    third = CheckpointingRunner()
+    run_experiment(experiment, default_config(), tmp_path, third, io.StringIO())
+    assert third.calls == []
+
+
+def test_compare_refuses_a_run_folder_another_process_is_running_in(tmp_path):
+    experiment = Experiment({"num-server-rounds": 4}, {"method": ["fedavg"], "seed": [0]}, kind="compare")
+    run_experiment(experiment, default_config(), tmp_path, CheckpointingRunner(stop_after=2), io.StringIO())
+    folder = tmp_path / "runs" / "method-fedavg_seed-0"
+    held = locks.acquire(folder / RUN_LOCK)
+    try:
+        with pytest.raises(FedcondError, match="is in use by another run \\(process "):
+            run_experiment(experiment, default_config(), tmp_path, CheckpointingRunner(), io.StringIO())
+    finally:
+        held.close()
+    assert load_checkpoint(folder).round == 2  # left alone
+
+
+@pytest.mark.parametrize("method", ["oracle", "ifca", "gossip", "dac"])
+def test_per_client_server_state_goes_back_to_the_same_partitions_under_new_node_ids(method):
+    """A resumed run is a new Flower run: every node has a new id. What the server held per client
+    (assignments, per-client models) is saved by partition id and handed back by it."""
+    from strategies.base import StrategyInputs
+    from strategies.registry import get_method
+
+    config = run_config({"method": method, "num-clusters": 2, "clients-per-cluster": 2}).resolved()
+    strategy_class = get_method(method).strategy
+
+    def strategy_with_nodes(node_ids: list[str]) -> object:
+        strategy = strategy_class(StrategyInputs(config, 10, False, None))
+        strategy.partition_of = {cid: pid for pid, cid in enumerate(node_ids)}
+        return strategy
+
+    before = strategy_with_nodes(["n0", "n1", "n2", "n3"])
+    rng = np.random.default_rng(0)
+    if method in ("oracle", "ifca"):
+        before.models = [[rng.normal(size=(3, 2)).astype(np.float32)] for _ in before.models]
+        before.assignment = {"n0": 1, "n1": 0, "n2": 1, "n3": 0}
+    else:
+        before.models = {cid: [rng.normal(size=(3, 2)).astype(np.float32)] for cid in before.partition_of}
+    models, values = before.state()
+    json.dumps(values.get("assignment", {}))  # plain values only
+
+    after = strategy_with_nodes(["m9", "m4", "m7", "m1"])  # partition 0 is now node m9, ...
+    after.load_state(models, values)
+    renamed = dict(zip(["n0", "n1", "n2", "n3"], ["m9", "m4", "m7", "m1"], strict=True))
+    if method in ("oracle", "ifca"):
+        assert {renamed[cid]: cluster for cid, cluster in before.assignment.items()} == after.assignment
+        assert all(np.array_equal(a[0], b[0]) for a, b in zip(before.models, after.models, strict=True))
+    else:
+        assert set(after.models) == set(renamed.values())
+        assert all(np.array_equal(before.models[cid][0], after.models[renamed[cid]][0]) for cid in renamed)
+    missing = strategy_with_nodes(["m9", "m4", "m7"])
+    with pytest.raises(FedcondError, match=r"state of partition\(s\) \[3\] but no node of this federation has them"):
+        missing.load_state(models, values)
+
+
+def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp_path):
+    """The user's command, on a local SuperLink of its own (own Flower home, free ports): the
+    ServerApp and the ClientApps read everything from the run config flwr run passes them."""
+    from fedcond.tools.deploy import free_ports
+    from tests.test_cli import stop_superlink_on
+
+    simulate(small(tmp_path, "fedavg", "straight", **{"num-server-rounds": 3}))
+    simulate(small(tmp_path, "fedavg", "stopped", **{"num-server-rounds": 2}))
+    http_port, control_port = free_ports(2)
+    environment = {
+        **os.environ,
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+    }
+    command = [sys.executable, "-m", "fedcond.tools.cli", "run", "resume=results/stopped", "num-server-rounds=3",
+               "verbose=true"]  # fmt: skip
+    try:
+        finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    finally:
+        stop_superlink_on(http_port)
+    assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
+    folder = tmp_path / "results" / "stopped"
+    assert f"fedcond: resuming {folder} from round 3 of 3" in finished.stdout
+    assert "round   3/3  accuracy" in finished.stdout and "round   1/3" not in finished.stdout
+    # The extended run equals a 3-round run: the clients trained with the recorded settings.
+    assert history(folder) == history(tmp_path / "results" / "straight")
+    assert_same_models(load_checkpoint(folder), load_checkpoint(tmp_path / "results" / "straight"))
+    info = json.loads((folder / "run.json").read_text())
+    assert info["status"] == "finished" and info["resumed"][0]["previous_status"] == "finished"
+    assert (folder / "flower-resume-1.log").is_file()
