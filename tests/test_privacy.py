@@ -16,7 +16,6 @@ from flwr.common import (
     FitRes,
     Message,
     MessageType,
-    Parameters,
     RecordDict,
     Status,
     ndarrays_to_parameters,
@@ -36,7 +35,7 @@ from fedcond.errors import FedcondError
 from fedcond.messages import ERROR
 from fedcond.models import build_model, build_run_model, get_weights
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, train, train_private
-from strategies.base import StrategyInputs
+from strategies.base import EMPTY, StrategyInputs
 from strategies.client_dp import ServerSideClientDp
 from strategies.fedavg import FedcondFedAvg
 from strategies.registry import check_run, run_config
@@ -316,6 +315,7 @@ def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd
         ({"client-dp": "client-side", "client-dp-clipping-norm": 0.0}, "client-dp-clipping-norm must be positive"),
         ({"method": "fedavg", "dataset": "cifar10", "client-dp": "server-side"}, "BatchNorm"),
         ({"method": "pooled-global", "dp-noise-multiplier": 1.0}, "federated methods only"),
+        ({"method": "fedavg", "dp-noise-multiplier": 1.0, "resume": "/a/run"}, "its epsilon would restart from 0"),
     ],
 )
 def test_dp_settings_a_run_cannot_honour_are_refused_in_one_line(settings, message):
@@ -383,12 +383,20 @@ def test_client_level_dp_clips_every_update_and_keeps_the_history(tmp_path, mode
     assert client_level["clients_per_round"] == 2 and client_level["epsilon_by_round"] == [None, None]
 
 
-def test_client_level_dp_stops_on_a_client_error_with_its_reason():
-    config = small_config(method="fedavg")
-    strategy = ServerSideClientDp(FedcondFedAvg(StrategyInputs(config, 10, False, None)), 1.0, 1.0, 2)
-    failed = FitRes(Status(Code.OK, ""), Parameters(tensors=[], tensor_type="numpy.ndarray"), 0, {ERROR: "disk full"})
-    with pytest.raises(FedcondError, match="failed in training round 1: disk full"):
-        strategy.aggregate_fit(1, [(None, failed)], [])
+def test_client_level_dp_stops_a_round_that_lost_a_client_with_its_reason():
+    from flwr.server.server import fit_clients
+
+    from tests.test_failures import federation, two_by_two
+
+    # min-answered-fraction would let 3 of 4 go on; client-dp's noise is calibrated to all 4.
+    config = run_config({"method": "fedavg", "num-clusters": 2, "clients-per-cluster": 2, "min-answered-fraction": 0.5})
+    strategy = ServerSideClientDp(FedcondFedAvg(StrategyInputs(config, 10, False, None)), 1.0, 1.0, 4)
+    manager = federation(two_by_two(p1="disk full"))
+    strategy.initialize_parameters(manager)
+    results, failures = fit_clients(strategy.configure_fit(1, EMPTY, manager), None, None, 1)
+    with pytest.raises(FedcondError, match=r"round 1: 3 of 4 clients answered fit, and client-dp's noise") as error:
+        strategy.aggregate_fit(1, results, failures)
+    assert "partition 1 failed in fit: disk full" in str(error.value)
 
 
 def test_the_clipping_mod_clips_where_the_server_asks_and_passes_client_errors_on():
