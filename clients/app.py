@@ -20,6 +20,7 @@ from flwr.clientapp.typing import Mod
 from flwr.common import Context
 
 from clients.clipping import client_dp_clipping_mod
+from clients.secure_aggregation import secure_aggregation_mod
 from fedcond.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
@@ -54,15 +55,19 @@ def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientD
 def make_client_app(config: RunConfig | None = None, mods: Sequence[Mod] = ()) -> ClientApp:
     """A ClientApp reading its settings from the run config, or from ``config`` when given (tests).
 
-    ``mods`` are Flower mods wrapped around every message the clients handle (the tests inject
-    faults with them).
+    ``mods`` are Flower mods wrapped around every message the clients handle, outside fedcond's own
+    (the tests inject faults and record messages with them).
     """
 
-    def client_fn(context: Context) -> Client:
-        return build_client(context, config or run_config(context.run_config))
+    def settings(context: Context) -> RunConfig:
+        return config or run_config(context.run_config)
 
-    # The clipping mod clips updates only where the server asks (client-dp = "client-side").
-    return ClientApp(client_fn=client_fn, mods=[*mods, client_dp_clipping_mod])
+    def client_fn(context: Context) -> Client:
+        return build_client(context, settings(context))
+
+    # SecAgg+ wraps the clipping (client-dp = "client-side"): a client clips its update, then masks it.
+    fedcond_mods = [secure_aggregation_mod(settings), client_dp_clipping_mod]
+    return ClientApp(client_fn=client_fn, mods=[*mods, *fedcond_mods])
 
 
 app = make_client_app()

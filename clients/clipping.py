@@ -5,13 +5,17 @@ norm into every training instruction; this mod then lets Flower's ``fixedclippin
 update (returned model minus received model) to that norm before it leaves the client. Without the
 key it does nothing, so one ClientApp serves every setting. A client that reports an error (no
 model: ``clients/numpy_client.py``) is passed through as it is, for the server to report its reason.
+
+A clipped reply reports one training sample: the noise is calibrated to an unweighted mean of the
+clipped updates, and under SecAgg+ (clients/secure_aggregation.py, which masks this reply) the
+weight travels inside the masked sum, where the server could not make it uniform afterwards.
 """
 
 from __future__ import annotations
 
 from flwr.client.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
-from flwr.common import Context, Message, MessageType
+from flwr.common import Context, Message, MessageType, MetricRecord
 from flwr.compat.common import recorddict_compat
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
@@ -33,12 +37,15 @@ def client_dp_clipping_mod(message: Message, context: Context, call_next: Client
         return reply
 
     try:
-        return fixedclipping_mod(message, context, answer)
+        clipped = fixedclipping_mod(message, context, answer)
     except ValueError:
         # An error reply holds no model to clip (zip of no arrays against the model's).
         if replies and not replies[0].has_error() and _reports_error(replies[0]):
             return replies[0]
         raise
+    if not clipped.has_error():
+        clipped.content.metric_records["fitres.num_examples"] = MetricRecord({"num_examples": 1})
+    return clipped
 
 
 def _reports_error(reply: Message) -> bool:

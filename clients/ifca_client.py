@@ -42,7 +42,7 @@ class IfcaClient(FedcondClient):
         choice = self.choose(candidates, round_config)
         set_weights(self.model, candidates[choice])
         loss = self.train_locally(self.model, round_config)
-        metrics = {**self.identity_metrics(), TRAIN_LOSS: loss, CHOICE: choice}
+        metrics = {TRAIN_LOSS: loss, CHOICE: choice}
         return get_weights(self.model), len(self.data.train_y), metrics
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:

@@ -23,7 +23,7 @@ class LocalClient(FedcondClient):
         model = self.own_model()
         loss = self.train_locally(model, round_config)
         self.store_model(LOCAL_MODEL, model)
-        return [], len(self.data.train_y), {**self.identity_metrics(), TRAIN_LOSS: loss}
+        return [], len(self.data.train_y), {TRAIN_LOSS: loss}
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         return self.evaluate_model(self.own_model(), round_config)

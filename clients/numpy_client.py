@@ -25,32 +25,23 @@ from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import (
     ACCURACY,
-    CLUSTER,
     EPSILON,
     ERROR,
     FINGERPRINT_MEAN,
     FINGERPRINT_STD,
     PARTITION_ID,
-    PUBLIC_KEY,
-    PUBLIC_KEYS,
     SERVER_ROUND,
-    SESSION,
-    SHARE,
     STEP,
     STEP_IDENTITY,
-    STEP_KEYS,
-    STEP_SHARE,
+    STEP_STATISTICS,
     TRAIN_LOSS,
-    UINT64,
     array_from_bytes,
-    array_to_bytes,
 )
 from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
 from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy, private_fingerprint
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, evaluate, train, train_private
 
 FINGERPRINT_KEY = "fingerprint"
-SECURE_SUM_KEY = "secure-sum"
 #: Every DP mechanism this client ran on its training data (fedcond.privacy.PrivacyLedger), in its state.
 PRIVACY_LEDGER_KEY = "privacy-ledger"
 
@@ -70,7 +61,13 @@ class FedcondClient(NumPyClient):
     """A client of ``fedavg`` (plain backbone) or ``conditional`` (backbone fed the fingerprint).
 
     Flower rebuilds the client for every message, so everything that must outlive one message (the
-    fingerprint, the secure-sum key, a personal model) lives in ``context.state``, never on ``self``.
+    fingerprint, a personal model, the privacy ledger; SecAgg+'s mod keeps its keys there too) lives
+    in ``context.state``, never on ``self``.
+
+    What a client sends says nothing of its cluster: fit replies carry the model (or, for IFCA, also
+    its choice), the training loss and, with sample-level DP, the epsilon spent; evaluate replies the
+    loss and accuracy on its test set. The one identity answer, before round 1, is the partition id
+    the node's operator configured: the node's name, by which the server keeps per-client state.
     """
 
     #: Run-config settings of this client behaviour, declared here rather than in a central list.
@@ -80,7 +77,7 @@ class FedcondClient(NumPyClient):
     releases_only_trained_models: ClassVar[bool] = True
     #: What this client keeps in ``context.state`` that a resumed run does not get back (a resume is
     #: a new Flower run, whose ``context.state`` starts empty); empty when nothing is lost (the
-    #: fingerprint is computed again from the same data, the secure-sum key lives one exchange).
+    #: fingerprint is computed again from the same data, SecAgg+'s keys live one aggregation).
     state_lost_on_resume: ClassVar[str] = ""
 
     def __init__(self, run_config: RunConfig, data: ClientData, context: Context, conditioned: bool) -> None:
@@ -154,7 +151,7 @@ class FedcondClient(NumPyClient):
     def evaluate_model(self, model: ConditionalCNN, round_config: dict[str, object]) -> Evaluated:
         """``model`` on this client's test set, reported as Flower's evaluate expects."""
         result = evaluate(model, self.data.test_x, self.data.test_y, self.condition(round_config))
-        return result.loss, result.num_samples, {**self.identity_metrics(), ACCURACY: result.accuracy}
+        return result.loss, result.num_samples, {ACCURACY: result.accuracy}
 
     # -- the fingerprint: computed once, on local training data only, kept in client state --------
     def raw_fingerprint(self) -> np.ndarray:
@@ -207,6 +204,8 @@ class FedcondClient(NumPyClient):
     # -- Flower's entry points: a FedcondError becomes a one-line report, not a traceback ---------------
     def fit(self, parameters: list[np.ndarray], config: dict[str, object]) -> Fitted:
         try:
+            if config.get(STEP) == STEP_STATISTICS:
+                return self.statistics_contribution()
             weights, num_examples, metrics = self.train_round(parameters, config)
             return weights, num_examples, {**metrics, **self.privacy_metrics()}
         except FedcondError as error:
@@ -224,36 +223,25 @@ class FedcondClient(NumPyClient):
         except FedcondError as error:
             return {ERROR: str(error)}
 
-    # -- before round 1: who this client is, and the secure sum of (f, f^2, 1) ----------------------
+    # -- before round 1: who this node is, and its part of the fingerprint statistics ---------------
     def answer_before_training(self, question: dict[str, object]) -> dict[str, object]:
-        step = question.get(STEP)
-        if step == STEP_IDENTITY:
-            # Ground truth for Oracle (a reference, not a competitor) and for reporting only.
-            return self.identity_metrics()
-        if step == STEP_KEYS:
-            private_key = secure_sum.new_private_key()
-            self.state.config_records[SECURE_SUM_KEY] = ConfigRecord({"private-key": private_key})
-            return {PUBLIC_KEY: secure_sum.public_key(private_key)}
-        if step == STEP_SHARE:
-            if SECURE_SUM_KEY not in self.state.config_records:
-                raise FedcondError("secure sum share requested before key exchange; restart the run")
-            private_key = self.state.config_records[SECURE_SUM_KEY]["private-key"]
-            raw = self.raw_fingerprint()
-            values = np.concatenate([raw, raw**2, [1.0]])
-            share = secure_sum.masked_share(values, private_key, question[PUBLIC_KEYS], question[SESSION])
-            del self.state.config_records[SECURE_SUM_KEY]
-            return {SHARE: array_to_bytes(share, UINT64)}
-        raise FedcondError(f"unknown question {step!r} before round 1; server and client run other fedcond versions")
+        if question.get(STEP) == STEP_IDENTITY:
+            # The partition id its operator gave the node (--node-config): its name, not ground truth.
+            return {PARTITION_ID: self.data.partition_id}
+        raise FedcondError(
+            f"unknown question {question.get(STEP)!r} before round 1; server and client run other fedcond versions"
+        )
+
+    def statistics_contribution(self) -> Fitted:
+        """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1
+        (a training instruction that only SecAgg+'s mod delivers: clients/secure_aggregation.py)."""
+        return [secure_sum.encode(secure_sum.statistics_vector(self.raw_fingerprint()))], 1, {}
 
     # -- federated rounds: what a method's client overrides --------------------------------------------
-    def identity_metrics(self) -> dict[str, int]:
-        # The cluster id is ground truth sent for reporting (per-cluster accuracy) only.
-        return {PARTITION_ID: self.data.partition_id, CLUSTER: self.data.cluster}
-
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         set_weights(self.model, parameters)
         loss = self.train_locally(self.model, round_config)
-        return get_weights(self.model), len(self.data.train_y), {**self.identity_metrics(), TRAIN_LOSS: loss}
+        return get_weights(self.model), len(self.data.train_y), {TRAIN_LOSS: loss}
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         set_weights(self.model, parameters)

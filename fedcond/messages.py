@@ -12,18 +12,14 @@ import numpy as np
 from fedcond.errors import FedcondError
 
 STEP = "fedcond-step"
-STEP_KEYS = "secure-sum-keys"
-STEP_SHARE = "secure-sum-share"
+#: Before round 1: the node's name (its operator-configured partition id), the one identity answer.
 STEP_IDENTITY = "identity"
-PUBLIC_KEY = "public-key"
-PUBLIC_KEYS = "public-keys"
-SESSION = "session"
-SHARE = "share"
+#: Before round 1: the fingerprint statistics through SecAgg+ (a training instruction with this step).
+STEP_STATISTICS = "fingerprint-statistics"
 SERVER_ROUND = "server-round"
 FINGERPRINT_MEAN = "fingerprint-mean"
 FINGERPRINT_STD = "fingerprint-std"
 PARTITION_ID = "partition-id"
-CLUSTER = "cluster"
 TRAIN_LOSS = "train-loss"
 ACCURACY = "accuracy"
 CHOICE = "choice"
@@ -31,7 +27,6 @@ EPSILON = "epsilon"
 ERROR = "fedcond-error"
 
 FLOAT64 = "<f8"
-UINT64 = "<u8"
 
 
 def array_to_bytes(vector: np.ndarray, dtype: str = FLOAT64) -> bytes:

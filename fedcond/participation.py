@@ -22,6 +22,8 @@ from fedcond.errors import FedcondError
 
 FIT = "fit"
 EVALUATE = "evaluate"
+#: Before round 1 (round 0): the fingerprint statistics' secure sum.
+STATISTICS = "fingerprint statistics"
 FAILED = "failed"
 TIMED_OUT = "timed out"
 #: The reason recorded for a client whose node is not connected when the round asks it.

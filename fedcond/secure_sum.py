@@ -1,92 +1,93 @@
-"""Secure sum by pairwise additive masking (the one-shot core of Bonawitz et al.'s SecAgg).
+"""The fingerprint statistics' secure sum: exact fixed point, carried by Flower's SecAgg+.
 
-Each client holds an X25519 key pair. After the server relays all public keys, every pair of
-clients shares a secret nobody else knows; from it both derive the same pseudo-random mask, which
-one adds and the other subtracts. Each client sends its fixed-point vector plus its masks, modulo
-2^64: the server sees uniformly random numbers from every client, and only their sum, in which all
-masks cancel, is meaningful. No dropout recovery: if a client fails between the two steps, the sum
-cannot be opened and the run stops (fine for a one-off setup round; SecAgg+ is on the roadmap).
+Before round 1 every training client contributes (f, f^2, 1) for its raw fingerprint f; the server
+learns only the sum over the clients that finished the protocol (SecAgg+ tolerates dropouts) and
+publishes the mean and standard deviation (fedcond.fingerprint.mean_and_std).
+
+SecAgg+ quantises floats stochastically, which would make the published statistics, and with them
+a whole run, differ between two runs with the same seed. So each value travels as exact integers:
+its fixed-point form round(v x 2^30) split into ``LIMBS`` signed digits of base 2^22, each in
+[-2^21, 2^21). With SecAgg+'s clipping range 2^22 and quantisation range 2^23 (one level per
+integer, ``CLIPPING_RANGE``, ``QUANTIZATION_RANGE``) an integer input is quantised to itself, the
+weights are all 1, and the sum of each digit over the clients comes back exact; the server
+recombines the digits with Python integers, so the total cannot wrap either. The range check:
+a client refuses a value of magnitude 2^33 or more (``MAX_MAGNITUDE``), and the sum of n clients'
+digits stays below SecAgg+'s modulus 2^32 for n <= ``MAX_CLIENTS``; the decoded count must equal the
+number of clients the protocol says took part.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from fedcond.errors import FedcondError
 
-KEY_BYTES = 32
-# Fixed point with 2^-30 resolution: a sum stays exact below 2^33 (~8.6e9) in magnitude.
-FIXED_POINT_SCALE = float(2**30)
+FRACTION_BITS = 30
+LIMB_BITS = 22
+LIMBS = 3
+#: The largest |value| (a fingerprint coordinate or its square) a client may contribute.
+MAX_MAGNITUDE = 2.0**33
+#: SecAgg+'s settings for the statistics: every integer digit d in [-2^21, 2^21) becomes the level d + 2^22.
+CLIPPING_RANGE = float(2**LIMB_BITS)
+QUANTIZATION_RANGE = 2 ** (LIMB_BITS + 1)
+#: The most clients whose digits and weights (2^23 each) sum below SecAgg+'s modulus 2^32.
+MAX_CLIENTS = 2**32 // QUANTIZATION_RANGE - 1
 
 
-def new_private_key() -> bytes:
-    """A fresh X25519 private key, raw bytes (kept on the client)."""
-    return X25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+def statistics_vector(raw_fingerprint: np.ndarray) -> np.ndarray:
+    """What one client contributes: (f, f^2, 1)."""
+    raw = np.asarray(raw_fingerprint, dtype=np.float64)
+    return np.concatenate([raw, raw**2, [1.0]])
 
 
-def public_key(private_key: bytes) -> bytes:
-    """The raw public key that goes with ``private_key``."""
-    private = X25519PrivateKey.from_private_bytes(private_key)
-    return private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+def encode(values: np.ndarray) -> np.ndarray:
+    """``values`` as exact integer digits, shape (LIMBS, len(values)), float64 (SecAgg+'s input type)."""
+    values = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(values)) or np.any(np.abs(values) >= MAX_MAGNITUDE):
+        worst = values[~np.isfinite(values) | (np.abs(values) >= MAX_MAGNITUDE)][0]
+        raise FedcondError(
+            f"a fingerprint statistic of {worst:g} is outside the secure sum's range (|value| < 2^33); "
+            "check the client's fingerprint (fingerprint-encoder, data)"
+        )
+    half = 1 << (LIMB_BITS - 1)
+    digits = np.zeros((LIMBS, len(values)))
+    for column, value in enumerate(values):
+        remaining = round(float(value) * 2**FRACTION_BITS)  # a Python int: exact at any size
+        for limb in range(LIMBS):
+            digit = (remaining + half) % (1 << LIMB_BITS) - half
+            digits[limb, column] = digit
+            remaining = (remaining - digit) >> LIMB_BITS
+    return digits
 
 
-def pack_keys(keys: list[bytes]) -> bytes:
-    """Concatenate public keys in a canonical (sorted) order for broadcasting."""
-    if any(len(key) != KEY_BYTES for key in keys):
-        raise FedcondError("secure sum received a malformed public key; a client runs another fedcond version")
-    return b"".join(sorted(keys))
+def decode(mean_digits: np.ndarray, count: int) -> np.ndarray:
+    """The sum of the clients' values from SecAgg+'s mean of their digits over ``count`` clients."""
+    digit_sums = np.rint(np.asarray(mean_digits, dtype=np.float64) * count)
+    if digit_sums.shape[0] != LIMBS:
+        raise FedcondError("the secure sum returned malformed digits; server and clients run other fedcond versions")
+    totals = [
+        sum(int(digit_sums[limb, column]) << (LIMB_BITS * limb) for limb in range(LIMBS))
+        for column in range(digit_sums.shape[1])
+    ]
+    return np.array([total / 2**FRACTION_BITS for total in totals])
 
 
-def unpack_keys(packed: bytes) -> list[bytes]:
-    return [packed[i : i + KEY_BYTES] for i in range(0, len(packed), KEY_BYTES)]
+def check_clients(count: int) -> None:
+    """Refuse a federation whose digit sums could wrap modulo 2^32."""
+    if count > MAX_CLIENTS:
+        raise FedcondError(
+            f"the fingerprint statistics' secure sum holds up to {MAX_CLIENTS} clients (its digits sum below 2^32), "
+            f"this federation trains {count}; use normalisation=log or none, or fewer clients"
+        )
 
 
-def _pair_mask(shared_secret: bytes, session: bytes, length: int) -> np.ndarray:
-    seed = hashlib.sha256(b"fedcond-secure-sum" + session + shared_secret).digest()
-    generator = np.random.Generator(np.random.PCG64(int.from_bytes(seed, "little")))
-    return generator.integers(0, 2**64, size=length, dtype=np.uint64, endpoint=False)
-
-
-def to_fixed_point(values: np.ndarray) -> np.ndarray:
-    """Encode floats as two's-complement fixed point in uint64 (addition wraps modulo 2^64)."""
-    scaled = np.round(np.asarray(values, dtype=np.float64) * FIXED_POINT_SCALE)
-    if not np.all(np.abs(scaled) < 2**62):
-        raise FedcondError("secure sum input is too large or not finite; check the client's fingerprint")
-    return scaled.astype(np.int64).view(np.uint64)
-
-
-def from_fixed_point(encoded: np.ndarray) -> np.ndarray:
-    return encoded.view(np.int64).astype(np.float64) / FIXED_POINT_SCALE
-
-
-def masked_share(values: np.ndarray, private_key: bytes, packed_public_keys: bytes, session: bytes) -> np.ndarray:
-    """This client's contribution: its fixed-point values plus one mask per peer, modulo 2^64."""
-    own_public = public_key(private_key)
-    peers = unpack_keys(packed_public_keys)
-    if own_public not in peers:
-        raise FedcondError("secure sum: this client's public key was not relayed; restart the run")
-    private = X25519PrivateKey.from_private_bytes(private_key)
-    share = to_fixed_point(values)
-    with np.errstate(over="ignore"):
-        for peer in peers:
-            if peer == own_public:
-                continue
-            mask = _pair_mask(private.exchange(X25519PublicKey.from_public_bytes(peer)), session, len(share))
-            # The lower key adds and the higher subtracts, so each pair's masks cancel in the sum.
-            share = share + mask if own_public < peer else share - mask
-    return share
-
-
-def open_sum(shares: list[np.ndarray]) -> np.ndarray:
-    """Sum of all shares: the masks cancel, leaving the sum of the clients' values."""
-    if not shares:
-        raise FedcondError("secure sum received no shares; check that clients answered")
-    total = np.zeros_like(shares[0])
-    with np.errstate(over="ignore"):
-        for share in shares:
-            total = total + share
-    return from_fixed_point(total)
+def open_statistics(mean_digits: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sum of f, sum of f^2) from the protocol's output, after checking the decoded count."""
+    total = decode(mean_digits, count)
+    if round(total[-1]) != count:
+        raise FedcondError(
+            f"the fingerprint statistics' secure sum decoded a count of {total[-1]:g} from {count} clients: "
+            "the sum is corrupt; restart the run"
+        )
+    dim = (len(total) - 1) // 2
+    return total[:dim], total[dim : 2 * dim]

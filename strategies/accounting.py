@@ -11,7 +11,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedcond.config import Option
 from fedcond.history import RoundRecord, RunRecorder
-from fedcond.messages import ACCURACY, CLUSTER, EPSILON, ERROR, TRAIN_LOSS
+from fedcond.messages import ACCURACY, EPSILON, ERROR, TRAIN_LOSS
 from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
 from fedcond.participation import RoundParticipation
 from strategies.federation import failure_reason
@@ -66,10 +66,17 @@ def partition_of(proxy: ClientProxy) -> int:
 
 
 class RoundTracker:
-    """Times each round, counts model bytes both ways, and turns evaluations into history rows."""
+    """Times each round, counts model bytes both ways, and turns evaluations into history rows.
 
-    def __init__(self, recorder: RunRecorder | None, num_rounds: int, verbose: bool = True) -> None:
+    ``true_clusters`` (partition id -> cluster, from the server's own scenario) groups the
+    evaluations into per-cluster accuracies: the ground truth stays where it lives, no client sends it.
+    """
+
+    def __init__(
+        self, recorder: RunRecorder | None, num_rounds: int, true_clusters: Sequence[int], verbose: bool = True
+    ) -> None:
         self.recorder = recorder
+        self.true_clusters = tuple(true_clusters)
         self.num_rounds = num_rounds
         self.verbose = verbose
         self.run_start: float | None = None
@@ -111,6 +118,13 @@ class RoundTracker:
         spent = [float(res.metrics[EPSILON]) for _, res in results if EPSILON in res.metrics]
         self.epsilon = max(spent, default=float("nan"))
 
+    def received_secure_fit(self, bytes_up: int, train_loss: float, epsilon: float) -> None:
+        """A SecAgg+ fit step: what its messages brought up, the mean training loss (from the sum) and
+        the largest epsilon a contributor reported (NaN: none did)."""
+        self.bytes_up += bytes_up
+        self.train_loss = train_loss
+        self.epsilon = epsilon
+
     def finish_round(
         self,
         server_round: int,
@@ -121,8 +135,8 @@ class RoundTracker:
         """The round's record from the training clients' evaluations (``results``) and, kept apart,
         the held-out clients' (``heldout_accuracy``: NaN when there are none); ``counts`` says who
         took part (``RoundParticipation.counts``). Only evaluations that came back count."""
-        accuracy, loss, per_cluster = summarise_evaluations(_evaluations(results))
-        heldout_accuracy = summarise_evaluations(_evaluations(held_out))[0] if held_out else float("nan")
+        accuracy, loss, per_cluster = summarise_evaluations(self.evaluations(results))
+        heldout_accuracy = summarise_evaluations(self.evaluations(held_out))[0] if held_out else float("nan")
         now = time.perf_counter()
         record = RoundRecord(
             round=server_round,
@@ -145,14 +159,13 @@ class RoundTracker:
             print(record.progress_line(self.num_rounds), flush=True)
         return record
 
-
-def _evaluations(results: Sequence[tuple[int, EvaluateRes]]) -> list[ClientEvaluation]:
-    return [
-        ClientEvaluation(
-            cluster=int(res.metrics[CLUSTER]),
-            num_samples=res.num_examples,
-            loss=float(res.loss),
-            accuracy=float(res.metrics[ACCURACY]),
-        )
-        for _, res in results
-    ]
+    def evaluations(self, results: Sequence[tuple[int, EvaluateRes]]) -> list[ClientEvaluation]:
+        return [
+            ClientEvaluation(
+                cluster=self.true_clusters[partition],
+                num_samples=res.num_examples,
+                loss=float(res.loss),
+                accuracy=float(res.metrics[ACCURACY]),
+            )
+            for partition, res in results
+        ]

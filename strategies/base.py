@@ -14,15 +14,21 @@ from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Sc
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
+from flwr.serverapp.grid import Grid
 
+from fedcond import fingerprint as fp
+from fedcond import secure_sum as statistics
 from fedcond.aggregation import Model
 from fedcond.checkpoint import GLOBAL_MODEL, Checkpoint
 from fedcond.config import Option, RunConfig
-from fedcond.fingerprint import fingerprint_size
+from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
-from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, array_to_bytes
+from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
 from fedcond.models import build_run_model, get_weights
-from fedcond.participation import EVALUATE, FIT, NODE_LEFT, RoundParticipation
+from fedcond.participation import EVALUATE, FIT, NODE_LEFT, STATISTICS, Failure, RoundParticipation
+from fedcond.privacy import SampleLevelPrivacy
+from fedcond.scenarios import Scenario
+from fedcond.secure_aggregation import SecureAggregation
 from strategies.accounting import (
     MIN_ANSWERED_FRACTION,
     Failures,
@@ -30,8 +36,9 @@ from strategies.accounting import (
     answered_replies,
     parameters_bytes,
 )
-from strategies.federation import ROUND_TIMEOUT, all_clients, federated_fingerprint_statistics, message_timeout
+from strategies.federation import ROUND_TIMEOUT, all_clients, message_timeout
 from strategies.membership import Membership, PartitionProxy
+from strategies.secure_aggregation import SecureSum, secure_sum, workflow_for
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
@@ -47,6 +54,30 @@ class StrategyInputs:
     recorder: RunRecorder | None
     #: The checkpoint a resumed run continues from (None: a new run, from round 1).
     resume: Checkpoint | None = None
+    #: The run's scenario as the server builds it: where the ground truth lives (each partition's
+    #: true cluster, for per-cluster accuracies, Oracle's models and IFCA's ARI) and how many samples
+    #: the largest training client holds (SecAgg+'s largest weight).
+    scenario: Scenario | None = None
+    #: The run's grid, for the SecAgg+ workflow (the fingerprint statistics, secure model updates).
+    grid: Grid | None = None
+
+    @property
+    def true_clusters(self) -> tuple[int, ...]:
+        """Partition id -> its true cluster, from the server's scenario (no client sends it)."""
+        if self.scenario is None:
+            raise FedcondError("the strategy was built without the run's scenario; the ServerApp passes it")
+        return tuple(client.cluster for client in self.scenario.clients)
+
+    @property
+    def largest_training_set(self) -> int:
+        if self.scenario is None:
+            raise FedcondError("the strategy was built without the run's scenario; the ServerApp passes it")
+        return max(len(client.train_indices) for client in self.scenario.clients if not client.held_out)
+
+    def grid_for(self, purpose: str) -> Grid:
+        if self.grid is None:
+            raise FedcondError(f"{purpose} needs the run's grid; the ServerApp passes it")
+        return self.grid
 
 
 def initial_weights(inputs: StrategyInputs, seed: int | None = None) -> Model:
@@ -62,8 +93,15 @@ class FedcondStrategy(Strategy):
     ``evaluate_parameters``) and how returned models are combined (``combine``); a client is its
     partition id throughout (``strategies.membership``), never Flower's node id. Before round 1 the
     strategy checks that one node per client is connected, asks each node which partition it holds
-    and, for conditioned methods with ``normalisation = "federated"``, runs the secure sum of
-    fingerprint statistics.
+    and, for conditioned methods with ``normalisation = "federated"``, sums the fingerprint
+    statistics through SecAgg+ (``publish_fingerprint_statistics``).
+
+    With ``secure-aggregation = "secaggplus"`` the fit step of every round is SecAgg+'s
+    (``strategies.checkpointing``): the strategy gives the instructions as always, but never sees a
+    reply; ``aggregate_secure_fit`` gets the protocol's outcome (the sample-weighted mean of the
+    contributors' models, who contributed, who dropped out and why) and ``combine_sum`` makes the
+    new global model from the mean. A strategy that needs more than the sum says why in
+    ``secure_aggregation_refusal``, and ``check_run`` refuses the combination.
 
     Failures (``fedcond.participation``): each round asks every expected partition; a partition
     whose node is not connected fails ("node left"), as does a client that reports an error or
@@ -94,13 +132,17 @@ class FedcondStrategy(Strategy):
     options: ClassVar[tuple[Option, ...]] = ()
     #: Settings of the round protocol every strategy shares (failure policy, time limits).
     protocol_options: ClassVar[tuple[Option, ...]] = (MIN_ANSWERED_FRACTION, ROUND_TIMEOUT)
+    #: Why this strategy's server cannot work from the sum of the returned models alone, as
+    #: ``check_run`` words its refusal of secure-aggregation (None: it can, see ``combine_sum``).
+    secure_aggregation_refusal: ClassVar[str | None] = "its server needs each client's own model, not their sum"
 
     def __init__(self, inputs: StrategyInputs) -> None:
         self.inputs = inputs
         config = inputs.config
-        self.tracker = RoundTracker(inputs.recorder, config.num_server_rounds, config.verbose)
+        self.tracker = RoundTracker(inputs.recorder, config.num_server_rounds, inputs.true_clusters, config.verbose)
         self.shared_config: dict[str, Scalar] = {}
         self.secure_sum_bytes = 0
+        self.secure = SecureAggregation.of(config)
         self.membership = Membership(config.num_clients, message_timeout(config), inputs.recorder, config.verbose)
         self.participation = RoundParticipation(0, ())
 
@@ -130,6 +172,11 @@ class FedcondStrategy(Strategy):
         reply) in partition order (None: keep the current ones)."""
         return None
 
+    def combine_sum(self, server_round: int, mean: Model) -> Parameters | None:
+        """Under SecAgg+: the new global parameters from the sample-weighted mean of the returned
+        models, all the server learns (only strategies whose ``secure_aggregation_refusal`` is None)."""
+        raise FedcondError(f"secure-aggregation=secaggplus cannot serve this method: {self.secure_aggregation_refusal}")
+
     def answer_floor(self) -> int:
         """The fewest clients that must answer a round, whatever ``min-answered-fraction`` says."""
         return 1
@@ -152,12 +199,7 @@ class FedcondStrategy(Strategy):
         self.membership.start(all_clients(client_manager, config))
         resume = self.inputs.resume
         if resume is None and self.inputs.conditioned and config.normalisation == "federated":
-            size = fingerprint_size(
-                config.fingerprint, config.fingerprint_dim, self.inputs.num_classes, config.num_clusters
-            )
-            training = [self.membership.node_of[partition] for partition in self.training_partitions]
-            mean, std, self.secure_sum_bytes = federated_fingerprint_statistics(training, size, message_timeout(config))
-            self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
+            self.publish_fingerprint_statistics(client_manager)
         self.on_start()
         if resume is None:
             return self.initial_global()
@@ -166,6 +208,53 @@ class FedcondStrategy(Strategy):
         if GLOBAL_MODEL in resume.models:
             return ndarrays_to_parameters(resume.models[GLOBAL_MODEL])
         return EMPTY
+
+    def publish_fingerprint_statistics(self, client_manager: ClientManager) -> None:
+        """The federation's fingerprint mean and std from SecAgg+'s sum of every training client's
+        (f, f^2, 1) (exact digits: fedcond.secure_sum), into every later instruction. A client that
+        drops out is left out of the statistics; fewer than ``secagg-min-clients`` stop the run."""
+        config = self.inputs.config
+        num_classes, clusters = self.inputs.num_classes, config.num_clusters
+        dim = fp.fingerprint_size(config.fingerprint, config.fingerprint_dim, num_classes, clusters)
+        participation = RoundParticipation(0, self.training_partitions)
+        question = {STEP: STEP_STATISTICS, SERVER_ROUND: 0}
+        instructions = [
+            (PartitionProxy(self.membership.node_of[partition], partition, participation, STATISTICS),
+             FitIns(EMPTY, dict(question)))
+            for partition in self.training_partitions
+        ]  # fmt: skip
+        workflow = workflow_for(
+            self.secure.num_shares, self.secure.reconstruction_threshold, statistics.CLIPPING_RANGE,
+            statistics.QUANTIZATION_RANGE, max_weight=1.0, timeout=message_timeout(config),
+        )  # fmt: skip
+        grid = self.inputs.grid_for("the fingerprint statistics' secure sum")
+        outcome = secure_sum(grid, instructions, workflow, 0, client_manager)
+        self.secure_sum_bytes = outcome.bytes_down + outcome.bytes_up
+        failures = [Failure(0, STATISTICS, partition, *why) for partition, why in outcome.dropped.items()]
+        self.report_failures(failures)
+        self.check_secure_outcome(outcome, "the fingerprint statistics", failures)
+        count = len(outcome.contributors)
+        total, total_of_squares = statistics.open_statistics(outcome.mean[0], count)  # type: ignore[index]
+        if len(total) != dim:
+            raise FedcondError(f"the secure sum gave {len(total)} statistics, expected {dim}; fingerprint-dim differs")
+        mean, std = fp.mean_and_std(total, total_of_squares, count)
+        self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
+
+    def check_secure_outcome(self, outcome: SecureSum, what: str, failures: list[Failure]) -> None:
+        """Stop the run (one line) when SecAgg+ gave no sum, or one over fewer than ``secagg-min-clients``."""
+        contributors, asked = len(outcome.contributors), len(outcome.contributors) + len(outcome.dropped)
+        first = f"; first: {failures[0].line()}" if failures else ""
+        if outcome.mean is None:
+            raise FedcondError(
+                f"{what}: SecAgg+ stopped with {contributors} of {asked} clients, too few for each to keep "
+                f"secagg-reconstruction-threshold={self.secure.reconstruction_threshold:g} of its neighbours{first}; "
+                "fix those clients or lower secagg-reconstruction-threshold"
+            )
+        if contributors < self.secure.min_clients:
+            raise FedcondError(
+                f"{what}: only {contributors} of {asked} clients are in the secure sum, fewer than "
+                f"secagg-min-clients={self.secure.min_clients}{first}; fix those clients or lower secagg-min-clients"
+            )
 
     def round_config(self, server_round: int) -> dict[str, Scalar]:
         return {SERVER_ROUND: server_round, **self.shared_config}
@@ -192,20 +281,23 @@ class FedcondStrategy(Strategy):
             proxy = PartitionProxy(connected[partition], partition, self.participation, stage)
             instructions.append((proxy, instruction(parameters_for(partition, current), config)))
         self.enforce_policy(stage, asking=True)
-        if not self.peer_to_peer:
+        # Under SecAgg+ the fit step's bytes are counted from its messages (aggregate_secure_fit).
+        if not self.peer_to_peer and not (stage == FIT and self.secure.model_updates):
             self.tracker.sent(sum(parameters_bytes(ins.parameters) for _, ins in instructions))
         return instructions
 
     def enforce_policy(self, stage: str, asking: bool = False) -> None:
         """Report the round's new failures (terminal, ``run.json``); stop the run when too few
         clients are left to answer it."""
-        failures = self.participation.new_failures()
+        self.report_failures(self.participation.new_failures())
+        self.participation.check(MIN_ANSWERED_FRACTION.of(self.inputs.config), self.answer_floor(), stage, asking)
+
+    def report_failures(self, failures: list[Failure]) -> None:
         if failures and self.inputs.recorder is not None:
             self.inputs.recorder.add_events("failures", [failure.as_json() for failure in failures])
         if self.inputs.config.verbose:
             for failure in failures:
                 print(f"fedcond: {failure.line()}", flush=True)
-        self.participation.check(MIN_ANSWERED_FRACTION.of(self.inputs.config), self.answer_floor(), stage, asking)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -224,6 +316,22 @@ class FedcondStrategy(Strategy):
         self.enforce_policy(FIT)
         self.tracker.received_fit(answered, count_bytes=not self.peer_to_peer)
         return self.combine(server_round, answered), {}
+
+    def aggregate_secure_fit(self, server_round: int, outcome: SecureSum) -> Parameters | None:
+        """The fit step's end under SecAgg+: the protocol's dropouts are the round's fit failures, the
+        failure policy applies to the contributors, and the new global model comes from the mean
+        alone (``combine_sum``); the mean's last array is the sample-weighted mean training loss."""
+        for partition, (how, reason) in outcome.dropped.items():
+            self.participation.fail(FIT, partition, reason, how)
+        failures = self.participation.failures
+        self.enforce_policy(FIT)
+        self.check_secure_outcome(outcome, f"round {server_round}", list(failures))
+        *model, loss = outcome.mean  # type: ignore[misc]
+        # Under DP-SGD the clients withhold their loss (sent as 0): NaN, as without secure aggregation.
+        train_loss = float("nan") if SampleLevelPrivacy.of(self.inputs.config).dp_sgd else float(loss[0])
+        self.tracker.sent(outcome.bytes_down)
+        self.tracker.received_secure_fit(outcome.bytes_up, train_loss, outcome.epsilon)
+        return self.combine_sum(server_round, model)
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager

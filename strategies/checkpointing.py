@@ -1,5 +1,5 @@
 """Flower's own round loop, saving the run's checkpoint after every round and numbering rounds on
-from the last finished one when a run is resumed."""
+from the last finished one when a run is resumed; with secure aggregation, SecAgg+'s fit step."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ import statistics
 import time
 from typing import Any
 
-from flwr.common import parameters_to_ndarrays
+from flwr.common import Parameters, Scalar, parameters_to_ndarrays
 from flwr.server import Server, SimpleClientManager
-from flwr.server.strategy import Strategy
 
 from fedcond.checkpoint import CHECKPOINT_FILE, GLOBAL_MODEL, Checkpoint, save_checkpoint
+from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
 from strategies.base import FedcondStrategy
+from strategies.client_dp import ClientSideClientDp, ServerSideClientDp
+from strategies.federation import message_timeout
+from strategies.secure_aggregation import secure_sum, workflow_for
 
 
 class CheckpointingServer(Server):
@@ -24,13 +27,22 @@ class CheckpointingServer(Server):
     number each round passes to the strategy is shifted, so that clients see the real round (their
     batch order depends on it) and the history goes on where it stopped. Flower's own log still
     counts its loop from 1.
+
+    With ``secure-aggregation = "secaggplus"`` each round's fit step is Flower's ``SecAggPlusWorkflow``
+    instead of ``Server.fit_round`` (``secure_fit_round``), as ``DefaultWorkflow`` would run it with
+    ``SecAggPlusWorkflow`` as its fit workflow; evaluation, checkpoints and history are unchanged.
     """
 
     def __init__(
-        self, strategy: FedcondStrategy, recorder: RunRecorder, rounds_before: int = 0, served: Strategy | None = None
+        self,
+        strategy: FedcondStrategy,
+        recorder: RunRecorder,
+        rounds_before: int = 0,
+        served: FedcondStrategy | ClientSideClientDp | ServerSideClientDp | None = None,
     ) -> None:
         # ``served`` is what Flower's loop talks to: the strategy, or Flower's DP wrapper around it.
         super().__init__(client_manager=SimpleClientManager(), strategy=served or strategy)
+        self.served = served or strategy
         self.fedcond_strategy = strategy
         self.recorder = recorder
         self.rounds_before = rounds_before
@@ -38,7 +50,27 @@ class CheckpointingServer(Server):
         self.checkpoint_seconds: list[float] = []
 
     def fit_round(self, server_round: int, timeout: float | None) -> Any:
-        return super().fit_round(server_round + self.rounds_before, timeout)
+        number = server_round + self.rounds_before
+        if self.fedcond_strategy.secure.model_updates:
+            return self.secure_fit_round(number)
+        return super().fit_round(number, timeout)
+
+    def secure_fit_round(self, number: int) -> tuple[Parameters | None, dict[str, Scalar], tuple[list, list]]:
+        """One fit step through SecAgg+: the served strategy's instructions go out as the protocol's
+        training messages; the strategy gets the protocol's outcome, never a client's reply (what
+        ``Server.fit_round`` returns, with no per-client results)."""
+        if not isinstance(self.served, FedcondStrategy | ClientSideClientDp):
+            raise FedcondError("secure-aggregation=secaggplus cannot run with client-dp=server-side")
+        strategy = self.fedcond_strategy
+        config = strategy.inputs.config
+        instructions = self.served.configure_fit(number, self.parameters, self._client_manager)
+        workflow = workflow_for(
+            strategy.secure.num_shares, strategy.secure.reconstruction_threshold, strategy.secure.clipping_range,
+            strategy.secure.quantization_range, float(strategy.inputs.largest_training_set), message_timeout(config),
+        )  # fmt: skip
+        grid = strategy.inputs.grid_for("secure aggregation")
+        outcome = secure_sum(grid, instructions, workflow, number, self._client_manager)  # type: ignore[arg-type]
+        return self.served.aggregate_secure_fit(number, outcome), {}, ([], [])
 
     def evaluate_round(self, server_round: int, timeout: float | None) -> Any:
         number = server_round + self.rounds_before

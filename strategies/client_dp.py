@@ -30,7 +30,7 @@ from flwr.server.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
     Strategy,
 )
-from flwr.supercore.differential_privacy import compute_stdv
+from flwr.supercore.differential_privacy import add_gaussian_noise_to_params, compute_stdv
 from torch import nn
 
 from fedcond.config import Option, RunConfig
@@ -39,9 +39,11 @@ from fedcond.errors import FedcondError
 from fedcond.models import build_run_model
 from fedcond.participation import FIT
 from fedcond.privacy import DP_DELTA, check_delta, gaussian_rounds_epsilon
+from fedcond.secure_aggregation import SecureAggregation
 from strategies.accounting import Failures, answered_replies
 from strategies.base import FedcondStrategy
 from strategies.fedavg import FedcondFedAvg
+from strategies.secure_aggregation import SecureSum
 
 CLIENT_DP_MODES = ("off", "server-side", "client-side")
 CLIENT_DP = Option("client-dp", "off", "client-level DP through Flower's wrappers: off, server-side or client-side")
@@ -64,6 +66,11 @@ def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None) -
         raise FedcondError(f"unknown client-dp '{mode}'; choose one of {', '.join(CLIENT_DP_MODES)}")
     if mode == "off":
         return
+    if mode == "server-side" and SecureAggregation.of(config).model_updates:
+        raise FedcondError(
+            "client-dp=server-side clips each client's update on the server, which secure-aggregation=secaggplus "
+            "never lets it see; use client-dp=client-side (clients clip, then SecAgg+ masks)"
+        )
     if CLIENT_DP_CLIPPING_NORM.of(config) <= 0:
         raise FedcondError(f"client-dp-clipping-norm must be positive (got {CLIENT_DP_CLIPPING_NORM.of(config)})")
     check_delta(DP_DELTA.of(config))
@@ -109,7 +116,28 @@ class ServerSideClientDp(_FedcondClientDp, DifferentialPrivacyServerSideFixedCli
 
 class ClientSideClientDp(_FedcondClientDp, DifferentialPrivacyClientSideFixedClipping):
     """Flower's client-side fixed clipping (clients run ``fixedclipping_mod``), failures and weights
-    as fedcond needs them."""
+    as fedcond needs them.
+
+    It also serves SecAgg+ (``secure-aggregation = "secaggplus"``): each client clips its update and
+    reports one sample (clients/clipping.py) before SecAgg+ masks it, so the protocol's mean is the
+    unweighted mean of clipped updates, to which this adds Flower's noise as for a plain round. The
+    server then never sees an update at all, clipped or not: only the noised mean.
+    """
+
+    def aggregate_secure_fit(self, server_round: int, outcome: SecureSum) -> Parameters | None:
+        inner = self.strategy
+        parameters = inner.aggregate_secure_fit(server_round, outcome)
+        if len(outcome.contributors) < self.num_sampled_clients:
+            raise FedcondError(
+                f"round {server_round}: {len(outcome.contributors)} of {self.num_sampled_clients} clients are in the "
+                "secure sum, and client-dp's noise is calibrated to all of them (a partial round is less private "
+                "than its epsilon says); fix those clients or set client-dp=off"
+            )
+        if parameters is None:
+            return None
+        return add_gaussian_noise_to_params(
+            parameters, self.noise_multiplier, self.clipping_norm, self.num_sampled_clients
+        )
 
 
 def with_client_dp(strategy: FedcondStrategy, config: RunConfig) -> Strategy:

@@ -8,7 +8,7 @@ from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_t
 
 from fedcond.aggregation import Model, average_per_group
 from fedcond.errors import FedcondError
-from fedcond.messages import CHOICE, CLUSTER
+from fedcond.messages import CHOICE
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 
 
@@ -59,18 +59,24 @@ class ClusterModels(FedcondStrategy):
 class OracleStrategy(ClusterModels):
     """Oracle: FedAvg within each true cluster, one model per cluster.
 
-    The server asks every client its true cluster before round 1 (with its partition id), which no
-    real method could do: Oracle is the reference that shows what perfect clustering achieves, not a
-    competitor. A held-out client evaluates its true cluster's model.
+    Oracle is the reference that is told the true clusters: its server reads each partition's cluster
+    from the simulation's scenario (ground truth no client sends, and no real method could know). It
+    shows what perfect clustering achieves; it is not a competitor. A held-out client evaluates its
+    true cluster's model.
     """
 
     serves_held_out_clients = True
+    secure_aggregation_refusal = (
+        "Oracle averages within each true cluster, so each sum would run over one cluster and every client "
+        "would learn which nodes share its cluster (it exchanges keys with exactly those); it is the reference "
+        "told the true clusters: run it with secure-aggregation=none"
+    )
 
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs, [initial_weights(inputs) for _ in range(inputs.config.num_clusters)])
 
     def on_start(self) -> None:
-        self.assignment = dict(self.membership.clusters)
+        self.assignment = dict(enumerate(self.inputs.true_clusters))
 
     def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
         return self.model_of(partition_id)
@@ -87,8 +93,14 @@ class IfcaStrategy(ClusterModels):
     it (a model nobody chose is kept). K = ``num-clusters``, models randomly initialised with
     distinct seeds, no restarts. Clients evaluate the model they chose last; a client that has not
     chosen yet (its training failed so far) receives all K and evaluates its lowest-loss one. The
-    Adjusted Rand Index between choices and true clusters is recorded every round.
+    Adjusted Rand Index between choices and true clusters (from the server's scenario, never sent by a
+    client) is recorded every round.
     """
+
+    secure_aggregation_refusal = (
+        "IFCA's server groups the returned models by each client's choice, and a sum per choice would tell it "
+        "every client's choice (its estimated cluster) and need each choice in the clear"
+    )
 
     def __init__(self, inputs: StrategyInputs) -> None:
         seeds = [inputs.config.seed * 1000 + k for k in range(inputs.config.num_clusters)]
@@ -110,7 +122,7 @@ class IfcaStrategy(ClusterModels):
         if any(not 0 <= choice < len(self.models) for choice in choices):
             raise FedcondError("an IFCA client chose a model that does not exist; server and client disagree on K")
         self.assignment.update({partition: choice for (partition, _), choice in zip(results, choices, strict=True)})
-        truth = [int(res.metrics[CLUSTER]) for _, res in results]
+        truth = [self.inputs.true_clusters[partition] for partition, _ in results]  # the server's scenario
         # Imported here, on the server: the registry makes every ClientApp import this module, and
         # scikit-learn (with scipy.stats) costs ~0.9 s in each deployed ClientApp process (one per message).
         from sklearn.metrics import adjusted_rand_score

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedcond.aggregation import weighted_average
+from fedcond.aggregation import Model, weighted_average
 from strategies.base import FedcondStrategy, initial_weights
 
 
@@ -17,9 +17,15 @@ class FedcondFedAvg(FedcondStrategy):
     same numbers. Then every client evaluates the new global model on its own test set. Used by
     ``fedavg``, ``conditional`` (clients feed their fingerprint) and ``ditto`` (clients also keep a
     personal model). A held-out client evaluates the global model (fed its own fingerprint).
+
+    With ``secure-aggregation = "secaggplus"`` the server never sees a client's model: SecAgg+ gives
+    it the sample-weighted mean of the models of the clients that finished the protocol, which is the
+    new global model as it is (up to SecAgg+'s quantisation).
     """
 
     serves_held_out_clients = True
+    #: Its server needs only the sample-weighted mean of the returned models: SecAgg+ gives exactly that.
+    secure_aggregation_refusal = None
 
     def initial_global(self) -> Parameters:
         return ndarrays_to_parameters(initial_weights(self.inputs))
@@ -28,3 +34,7 @@ class FedcondFedAvg(FedcondStrategy):
         # Decoded one at a time as the average consumes them (peak memory: one model, not one per client).
         models = (parameters_to_ndarrays(res.parameters) for _, res in results)
         return ndarrays_to_parameters(weighted_average(models, [res.num_examples for _, res in results]))
+
+    def combine_sum(self, server_round: int, mean: Model) -> Parameters | None:
+        # SecAgg+ weighted each model by its client's samples before summing: the mean is FedAvg's model.
+        return ndarrays_to_parameters(mean)

@@ -1,34 +1,19 @@
-"""Talking to the federation: check its size, ask clients a question, tell why a client did not
-answer (failed or timed out), and run the secure sum of fingerprint statistics."""
+"""Talking to the federation: check its size, ask clients a question, and tell why a client did not
+answer (failed or timed out). Secure sums go through SecAgg+ (strategies/secure_aggregation.py)."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 from flwr.common import Code, GetPropertiesIns
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from fedcond import fingerprint as fp
-from fedcond import secure_sum
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.messages import (
-    ERROR,
-    PUBLIC_KEY,
-    PUBLIC_KEYS,
-    SESSION,
-    SHARE,
-    STEP,
-    STEP_KEYS,
-    STEP_SHARE,
-    UINT64,
-    array_from_bytes,
-)
+from fedcond.messages import ERROR
 from fedcond.participation import FAILED, NODE_LEFT, TIMED_OUT
 
 ROUND_TIMEOUT = Option(
@@ -140,24 +125,3 @@ def ask_all(proxies: list[ClientProxy], question: dict[str, object], timeout: fl
         if isinstance(answer, str):
             raise FedcondError(f"a client failed to answer before round 1: {answer}")
     return answers  # type: ignore[return-value]
-
-
-def federated_fingerprint_statistics(
-    proxies: list[ClientProxy], dim: int, timeout: float | None
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Mean and std of the clients' raw fingerprints, from a secure sum of (f, f^2, 1).
-
-    The server learns the sum of fingerprints, the sum of their squares and the number of clients,
-    nothing per client. Returns (mean, std, bytes exchanged).
-    """
-    keys = ask_all(proxies, {STEP: STEP_KEYS}, timeout)
-    packed = secure_sum.pack_keys([answer[PUBLIC_KEY] for answer in keys])
-    session = os.urandom(16)
-    answers = ask_all(proxies, {STEP: STEP_SHARE, PUBLIC_KEYS: packed, SESSION: session}, timeout)
-    shares = [array_from_bytes(answer[SHARE], SHARE, UINT64) for answer in answers]
-    total = secure_sum.open_sum(shares)
-    if len(total) != 2 * dim + 1:
-        raise FedcondError(f"secure sum returned {len(total)} values, expected {2 * dim + 1}; fingerprint-dim differs")
-    mean, std = fp.mean_and_std(total[:dim], total[dim : 2 * dim], round(total[-1]))
-    exchanged = len(proxies) * (secure_sum.KEY_BYTES + len(packed) + len(session) + 8 * len(total))
-    return mean, std, exchanged

@@ -9,3 +9,5 @@ class LocalStrategy(FedcondStrategy):
     """Local: clients train and evaluate their own models, kept in their state; the server only
     schedules rounds and records the history. Nothing is exchanged (0 bytes).
     """
+
+    secure_aggregation_refusal = "no model leaves a client, so there is nothing to aggregate"

@@ -33,7 +33,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
-from fedcond.messages import CLUSTER, PARTITION_ID, STEP, STEP_IDENTITY
+from fedcond.messages import PARTITION_ID, STEP, STEP_IDENTITY
 from fedcond.participation import RoundParticipation
 from strategies.federation import ask_all, ask_each, classify_failure
 
@@ -50,6 +50,8 @@ class PartitionProxy(ClientProxy):
 
     def __init__(self, node: ClientProxy, partition_id: int, participation: RoundParticipation, stage: str) -> None:
         super().__init__(node.cid)
+        if hasattr(node, "node_id"):  # Flower's grid proxies: SecAgg+ addresses nodes by it
+            self.node_id = node.node_id
         self.node = node
         self.partition_id = partition_id
         self.participation = participation
@@ -83,8 +85,10 @@ class PartitionProxy(ClientProxy):
 class Membership:
     """Partition id <-> connected node, for partitions ``0 .. num_partitions - 1``.
 
-    ``clusters`` holds each partition's true cluster as its client reports it (Oracle's assignment;
-    ground truth for reporting, never used by the other methods' training).
+    A node's identity is the partition id its operator configured, its one answer to the identity
+    question: the node's name, by which the server keeps per-client state. It is not ground truth:
+    the true clusters are the simulation's bookkeeping, which the server reads from its own scenario
+    (``StrategyInputs.true_clusters``); no client sends its cluster.
     """
 
     def __init__(
@@ -95,7 +99,6 @@ class Membership:
         self.recorder = recorder
         self.verbose = verbose
         self.node_of: dict[int, ClientProxy] = {}
-        self.clusters: dict[int, int] = {}
         self._partition_of: dict[str, int] = {}
         # Connected nodes not mapped: those whose partition another node holds (cid -> partition),
         # and those whose identity is no partition of this run.
@@ -159,7 +162,6 @@ class Membership:
                 f"a node reports partition-id {partition}, outside this run's 0..{self.num_partitions - 1}; "
                 f"{NODE_CONFIG_FIX}"
             )
-        self.clusters[partition] = int(answer[CLUSTER])  # type: ignore[call-overload]
         return partition
 
     def _map(self, proxy: ClientProxy, partition: int) -> None:

@@ -30,6 +30,10 @@ class PeerToPeer(FedcondStrategy):
     """
 
     peer_to_peer = True
+    secure_aggregation_refusal = (
+        "its clients average with chosen peers, so there is no sum over the federation to protect (each peer "
+        "receives the others' models)"
+    )
 
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs)

@@ -18,7 +18,7 @@ from clients.ditto_client import DittoClient
 from clients.ifca_client import IfcaClient
 from clients.local_client import LocalClient
 from clients.numpy_client import FedcondClient
-from fedcond import privacy
+from fedcond import privacy, secure_aggregation
 from fedcond.checkpoint import RESUME, check_resume, resume_folder
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
@@ -96,10 +96,11 @@ RUN_OPTIONS = (RESUME,)
 
 def declared_options() -> tuple[Option, ...]:
     """Every method's options, each once (methods may share a class), the privacy settings every
-    federated method has (sample-level: fedcond.privacy; client-level: strategies.client_dp), and
-    the run's own."""
+    federated method has (sample-level: fedcond.privacy; client-level: strategies.client_dp; secure
+    aggregation: fedcond.secure_aggregation), and the run's own."""
     unique = {option.key: option for method in registry().values() for option in method.options}
-    unique.update({option.key: option for option in (*privacy.OPTIONS, *client_dp.OPTIONS, *RUN_OPTIONS)})
+    shared = (*privacy.OPTIONS, *client_dp.OPTIONS, *secure_aggregation.OPTIONS, *RUN_OPTIONS)
+    unique.update({option.key: option for option in shared})
     return tuple(unique.values())
 
 
@@ -155,7 +156,8 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
 
 
 def check_privacy(config: RunConfig, method: Method) -> None:
-    """The DP settings (docs/privacy.md) against the method: refused in one line where they cannot hold."""
+    """The privacy settings (docs/privacy.md: DP and secure aggregation) against the method: refused in
+    one line where they cannot hold."""
     sample_level = privacy.SampleLevelPrivacy.of(config)
     if method.protocol == "pooled" and (sample_level.enabled or client_dp.client_dp_mode(config) != "off"):
         raise FedcondError(
@@ -175,3 +177,12 @@ def check_privacy(config: RunConfig, method: Method) -> None:
         )
     privacy.check_sample_level(config, method.conditioned)
     client_dp.check_client_dp(config, method.strategy)
+    if method.strategy is not None:
+        sums_statistics = method.conditioned and config.normalisation == "federated"
+        refusal = method.strategy.secure_aggregation_refusal
+        secure_aggregation.check_secure_aggregation(config, refusal, sums_statistics)
+    elif secure_aggregation.SecureAggregation.of(config).model_updates:
+        raise FedcondError(
+            f"{method.name} trains centrally on pooled data: secure-aggregation applies to federated methods only; "
+            "set secure-aggregation=none"
+        )

@@ -8,7 +8,7 @@ from flwr.common import Context
 from flwr.server import Grid, ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 
-from fedcond import privacy
+from fedcond import privacy, secure_aggregation
 from fedcond.checkpoint import load_checkpoint, resume_folder, resumption_note, run_info
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
@@ -40,6 +40,7 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     privacy_details = {
         "sample_level": privacy.describe(config, method.conditioned),
         "client_level": client_dp.describe(config),
+        "secure_aggregation": secure_aggregation.describe(config),
     }
     folder = resume_folder(config)
     checkpoint = None
@@ -55,7 +56,7 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         recorder = reopen_run(config, folder, scenario.num_clusters, checkpoint.history, note)
     rounds_before = checkpoint.round if checkpoint else 0
     with failures_recorded(recorder):
-        inputs = StrategyInputs(config, scenario.num_classes, method.conditioned, recorder, checkpoint)
+        inputs = StrategyInputs(config, scenario.num_classes, method.conditioned, recorder, checkpoint, scenario, grid)
         strategy = strategy_class(inputs)
         # Flower's DP wrapper around the strategy, when client-dp asks for one.
         server = CheckpointingServer(strategy, recorder, rounds_before, client_dp.with_client_dp(strategy, config))

@@ -33,8 +33,9 @@ from flwr.server.server import evaluate_clients, fit_clients
 
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder, results_folder
-from fedcond.messages import ACCURACY, CHOICE, CLUSTER, ERROR, PARTITION_ID, TRAIN_LOSS
+from fedcond.messages import ACCURACY, CHOICE, ERROR, PARTITION_ID, TRAIN_LOSS
 from fedcond.participation import FAILED, TIMED_OUT, RoundParticipation, required_answers
+from fedcond.scenarios import scenario_for
 from strategies.base import EMPTY, FedcondStrategy, StrategyInputs
 from strategies.federation import classify_failure, failure_reason
 from strategies.membership import Membership
@@ -48,9 +49,9 @@ def layer_model(value: float) -> list[np.ndarray]:
 
 
 class FakeNode(ClientProxy):
-    """A node holding ``partition`` (of ``cluster``); fits return ``layer_model(partition + 1)`` with
-    ``10 * (partition + 1)`` samples unless ``fit_error`` makes the call raise, as Flower's proxy of a
-    failed client does."""
+    """A node holding ``partition`` (of ``cluster``, which only IFCA's choice reflects: no reply says
+    it); fits return ``layer_model(partition + 1)`` with ``10 * (partition + 1)`` samples unless
+    ``fit_error`` makes the call raise, as Flower's proxy of a failed client does."""
 
     def __init__(self, cid: str, partition: int, cluster: int, fit_error: str = "") -> None:
         super().__init__(cid)
@@ -58,7 +59,7 @@ class FakeNode(ClientProxy):
         self.identity_questions = 0
 
     def identity(self) -> dict[str, int]:
-        return {PARTITION_ID: self.partition, CLUSTER: self.cluster}
+        return {PARTITION_ID: self.partition}
 
     def get_properties(self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None) -> GetPropertiesRes:
         self.identity_questions += 1
@@ -67,13 +68,13 @@ class FakeNode(ClientProxy):
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
         if self.fit_error:
             raise ValueError(self.fit_error)
-        metrics = {**self.identity(), TRAIN_LOSS: 1.0, CHOICE: self.cluster}
+        metrics = {TRAIN_LOSS: 1.0, CHOICE: self.cluster}
         return FitRes(
             Status(Code.OK, ""), ndarrays_to_parameters(layer_model(self.partition + 1)), self.samples, metrics
         )
 
     def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
-        return EvaluateRes(Status(Code.OK, ""), 0.5, 20, {**self.identity(), ACCURACY: 0.75})
+        return EvaluateRes(Status(Code.OK, ""), 0.5, 20, {ACCURACY: 0.75})
 
     @property
     def samples(self) -> int:
@@ -106,7 +107,7 @@ def strategy_for(method: str, tmp_path: Path | None = None, **settings: object) 
     )
     strategy_class = get_method(method).strategy
     assert strategy_class is not None
-    return strategy_class(StrategyInputs(config, 10, False, recorder))
+    return strategy_class(StrategyInputs(config, 10, False, recorder, scenario=scenario_for(config)))
 
 
 def fit_round(

@@ -386,11 +386,13 @@ def test_client_level_dp_clips_every_update_and_keeps_the_history(tmp_path, mode
 def test_client_level_dp_stops_a_round_that_lost_a_client_with_its_reason():
     from flwr.server.server import fit_clients
 
+    from fedcond.scenarios import scenario_for
     from tests.test_failures import federation, two_by_two
 
     # min-answered-fraction would let 3 of 4 go on; client-dp's noise is calibrated to all 4.
     config = run_config({"method": "fedavg", "num-clusters": 2, "clients-per-cluster": 2, "min-answered-fraction": 0.5})
-    strategy = ServerSideClientDp(FedcondFedAvg(StrategyInputs(config, 10, False, None)), 1.0, 1.0, 4)
+    inputs = StrategyInputs(config, 10, False, None, scenario=scenario_for(config))
+    strategy = ServerSideClientDp(FedcondFedAvg(inputs), 1.0, 1.0, 4)
     manager = federation(two_by_two(p1="disk full"))
     strategy.initialize_parameters(manager)
     results, failures = fit_clients(strategy.configure_fit(1, EMPTY, manager), None, None, 1)

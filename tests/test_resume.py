@@ -302,6 +302,7 @@ def test_compare_refuses_a_run_folder_another_process_is_running_in(tmp_path):
 def test_per_client_server_state_goes_back_to_the_same_partitions_under_new_node_ids(method):
     """A resumed run is a new Flower run: every node has a new id. What the server held per client
     (assignments, per-client models) is saved by partition id and handed back by it."""
+    from fedcond.scenarios import scenario_for
     from strategies.base import StrategyInputs
     from strategies.registry import get_method
 
@@ -309,7 +310,7 @@ def test_per_client_server_state_goes_back_to_the_same_partitions_under_new_node
     strategy_class = get_method(method).strategy
 
     def strategy_with_nodes(node_ids: list[str]) -> object:
-        strategy = strategy_class(StrategyInputs(config, 10, False, None))
+        strategy = strategy_class(StrategyInputs(config, 10, False, None, scenario=scenario_for(config)))
         strategy.partition_of = {cid: pid for pid, cid in enumerate(node_ids)}
         return strategy
 

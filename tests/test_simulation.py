@@ -10,7 +10,7 @@ import pytest
 from fedcond.config import RunConfig
 from strategies.registry import run_config
 from strategies.simulation import simulate
-from tests.faults import FIT, HANG, RAISE, REPORT, SHARE, Fault
+from tests.faults import FIT, HANG, RAISE, REPORT, Fault
 
 
 def read_history(results: Path) -> tuple[list[dict[str, str]], dict]:
@@ -161,12 +161,16 @@ def test_too_few_answers_stop_the_run_with_one_line(tmp_path, capsys):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_a_client_failing_at_the_secure_sum_fails_the_run_before_round_1(tmp_path):
+def test_too_few_clients_left_in_the_statistics_sum_fail_the_run_before_round_1(tmp_path):
+    # 2 clients: SecAgg+ needs both (threshold 2 of 2), so one dropping out at set-up leaves no sum.
     config = RunConfig(
         method="conditional", num_clusters=2, clients_per_cluster=1, num_server_rounds=1, local_epochs=1,
         results_dir=str(tmp_path / "r"), verbose=False,
     )  # fmt: skip
-    simulate(config, client_mods=[Fault(1, stage=SHARE, how=RAISE)], quiet=True)
+    simulate(config, client_mods=[Fault(1, 0, "setup", RAISE)], quiet=True)
     rows, info = read_history(tmp_path / "r")
     assert rows == [] and info["status"] == "failed"
-    assert info["error"] == "a client failed to answer before round 1: injected fault: partition 1 round 0 share"
+    assert info["error"].startswith("the fingerprint statistics: SecAgg+ stopped with 0 of 2 clients")
+    first = "first: round 0: partition 1 failed in fingerprint statistics: injected fault: partition 1 round 0 setup"
+    assert first in info["error"]
+    assert [failure["partition-id"] for failure in info["failures"]] == [1, 0]

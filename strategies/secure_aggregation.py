@@ -1,0 +1,247 @@
+"""Secure aggregation on the server: one sum through Flower's ``SecAggPlusWorkflow``.
+
+``secure_sum`` runs the workflow's four stages (set-up, key sharing, masked vectors, unmasking)
+for a list of training instructions, as Flower's ``DefaultWorkflow`` would run its fit step: with a
+``LegacyContext`` holding the round number and a strategy whose ``configure_fit`` hands the workflow
+those instructions. The workflow then calls that strategy's ``aggregate_fit`` with the unmasked
+*weighted mean* of the clients' vectors (every reply carries the same mean: Flower's legacy
+compatibility); ``_Instructions`` keeps the mean and the survivors and nothing else reaches fedcond's
+strategy. Which nodes dropped out, at which stage and why is read off the messages themselves
+(``RecordingGrid``), as are the bytes every stage moved.
+
+A client that drops out is a failure the sum survives while every client keeps at least the
+reconstruction threshold of its neighbours (SecAgg+ then rebuilds the dropped client's masks from the
+others' shares): before sending its masked vector, its input is left out; after, its input is in.
+When too many drop out the workflow halts and there is no sum (``SecureSum.mean`` is None).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.common import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Message,
+    Parameters,
+    RecordDict,
+    Scalar,
+    parameters_to_ndarrays,
+)
+from flwr.server import ServerConfig
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.compat.legacy_context import LegacyContext
+from flwr.server.strategy import Strategy
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+from flwr.server.workflow.constant import Key as WorkflowKey
+from flwr.serverapp.grid import Grid
+from flwr.supercore.run import Run
+
+from fedcond.messages import EPSILON
+from fedcond.participation import FAILED, TIMED_OUT
+from fedcond.secure_aggregation import MODULUS
+from strategies.federation import failure_reason
+from strategies.membership import PartitionProxy
+
+
+@dataclass
+class SecureSum:
+    """What one SecAgg+ aggregation gives the server: no client's own vector."""
+
+    #: The weighted mean of the contributors' vectors (None: the protocol halted, no sum).
+    mean: list[np.ndarray] | None
+    #: Partition ids whose vectors are in the mean.
+    contributors: list[int]
+    #: Partition id -> (outcome, one-line reason) of every instructed client whose vector is not in it:
+    #: first those that failed, then those left out because of them.
+    dropped: dict[int, tuple[str, str]]
+    bytes_down: int
+    bytes_up: int
+    seconds: float
+    #: The largest cumulative epsilon a contributor reported (sample-level DP; NaN without).
+    epsilon: float = float("nan")
+
+
+def secure_sum(
+    grid: Grid,
+    instructions: list[tuple[PartitionProxy, FitIns]],
+    workflow: SecAggPlusWorkflow,
+    server_round: int,
+    client_manager: ClientManager,
+) -> SecureSum:
+    """The SecAgg+ mean of what ``instructions``' clients return (see the module docstring)."""
+    started = time.perf_counter()
+    recording = RecordingGrid(grid, workflow.timeout)
+    strategy = _Instructions(instructions)
+    context = LegacyContext(
+        Context(run_id=grid.run.run_id, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+        config=ServerConfig(num_rounds=server_round),
+        strategy=strategy,
+        client_manager=client_manager,
+    )
+    context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: server_round})
+    context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()  # the instructions hold the parameters
+    workflow(recording, context)
+    partition_of = {proxy.node_id: proxy.partition_id for proxy, _ in instructions}
+    contributors = sorted(strategy.contributors)
+    left_out = [node for node in partition_of if partition_of[node] not in strategy.contributors]
+    # Those that failed first (by partition), then those the protocol left out because of them.
+    left_out.sort(key=lambda node: (node not in recording.outcomes, partition_of[node]))
+    dropped = {partition_of[node]: recording.outcome_of(node) for node in left_out}
+    return SecureSum(
+        strategy.mean, contributors, dropped, recording.bytes_down, recording.bytes_up, time.perf_counter() - started,
+        strategy.epsilon,
+    )  # fmt: skip
+
+
+def workflow_for(
+    num_shares: float, threshold: float, clipping_range: float, quantization_range: int, max_weight: float,
+    timeout: float | None,
+) -> SecAggPlusWorkflow:  # fmt: skip
+    """Flower's workflow with fedcond's settings (fractions of the round's clients, Flower's float form)."""
+    return SecAggPlusWorkflow(
+        num_shares=float(num_shares), reconstruction_threshold=float(threshold), max_weight=max_weight,
+        clipping_range=clipping_range, quantization_range=quantization_range, modulus_range=MODULUS, timeout=timeout,
+    )  # fmt: skip
+
+
+class _Instructions(Strategy):
+    """The strategy the workflow talks to: gives it the round's instructions, keeps the mean it returns."""
+
+    def __init__(self, instructions: list[tuple[PartitionProxy, FitIns]]) -> None:
+        self.instructions = instructions
+        self.mean: list[np.ndarray] | None = None
+        self.contributors: set[int] = set()
+        self.epsilon = float("nan")
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        return list(self.instructions)
+
+    def aggregate_fit(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[object]
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        # Every reply carries the same unmasked mean; each proxy is one contributor.
+        if results:
+            self.mean = parameters_to_ndarrays(results[0][1].parameters)
+        self.contributors = {proxy.partition_id for proxy, _ in results}  # type: ignore[attr-defined]
+        # The only metric a masked reply keeps (clients/secure_aggregation.py): the DP accounting.
+        spent = [float(res.metrics[EPSILON]) for _, res in results if EPSILON in res.metrics]  # type: ignore[arg-type]
+        self.epsilon = max(spent, default=float("nan"))
+        return None, {}  # fedcond's strategy combines the mean itself
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        raise NotImplementedError("a secure sum only runs the fit step")
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        raise NotImplementedError("a secure sum only runs the fit step")
+
+    def aggregate_evaluate(
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[object]
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        raise NotImplementedError("a secure sum only runs the fit step")
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        return None
+
+
+@dataclass
+class _NodeOutcome:
+    outcome: str
+    reason: str
+
+
+class RecordingGrid(Grid):
+    """The run's grid, passing every call on, that notes each node's first failed or missing reply
+    and counts the bytes of every message's content both ways."""
+
+    def __init__(self, grid: Grid, timeout: float | None) -> None:
+        self.grid = grid
+        self.timeout = timeout
+        self.bytes_down = 0
+        self.bytes_up = 0
+        self.outcomes: dict[int, _NodeOutcome] = {}
+        self.stage = ""
+
+    def outcome_of(self, node: int) -> tuple[str, str]:
+        noted = self.outcomes.get(node)
+        if noted is None:  # sent nothing wrong, yet left out (the workflow halted before its stage)
+            return FAILED, "left out: SecAgg+ stopped before its masked vector was collected"
+        return noted.outcome, noted.reason
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        outgoing = list(messages)
+        self.bytes_down += sum(content_bytes(message.content) for message in outgoing)
+        started = time.monotonic()
+        replies = list(self.grid.send_and_receive(outgoing, timeout=timeout))
+        waited = time.monotonic() - started
+        answered = set()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            answered.add(node)
+            if reply.has_error():
+                self.outcomes.setdefault(node, _NodeOutcome(FAILED, failure_reason(reply.error.reason)))
+            else:
+                self.bytes_up += content_bytes(reply.content)
+        for message in outgoing:
+            node = message.metadata.dst_node_id
+            if node not in answered:
+                timed_out = timeout is not None and waited >= timeout
+                outcome = TIMED_OUT if timed_out else FAILED
+                reason = f"no answer within round-timeout={timeout:g} s" if timed_out else "no answer (node left)"
+                self.outcomes.setdefault(node, _NodeOutcome(outcome, reason))
+        return replies
+
+    # -- everything else goes to the run's grid unchanged ------------------------------------------
+    def set_run(self, run: Run) -> None:  # pragma: no cover - the workflow never calls it
+        self.grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.grid.run
+
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+
+def content_bytes(content: RecordDict) -> int:
+    """The payload of a message: its arrays' bytes and its config values' (8 per number)."""
+    total = 0
+    for record in content.array_records.values():
+        total += sum(len(array.data) for array in record.values())
+    for record in [*content.config_records.values(), *content.metric_records.values()]:
+        for value in record.values():
+            total += _value_bytes(value)
+    return total
+
+
+def _value_bytes(value: object) -> int:
+    if isinstance(value, bytes | str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_value_bytes(item) for item in value)
+    return 8

@@ -1,0 +1,110 @@
+"""The adversary's tests: what an honest-but-curious server can read from what it receives.
+
+(a) The fingerprint reconstruction attack (fedcond.attack) on the messages a server gets: one plain
+fit reply gives it the client's fingerprint; under SecAgg+ every masked reply, and the unmasked mean
+of a federation, give it nothing close to any client's. SecAgg+ runs for real here: Flower's
+workflow and fedcond's ClientApp, mods included, in one process (tests/secagg_harness.py).
+
+(b) An allow-list over every key of every message every method sends, in simulation: a new key, or
+one where it does not belong (a cluster, a partition id beyond the identity answer, a metric next to
+a masked vector), fails the test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Message
+from flwr.common import FitIns, MessageType, bytes_to_ndarray, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.compat.common import recorddict_compat as compat
+
+from fedcond import fingerprint as fp
+from fedcond.attack import cosine_similarity, reconstruct_condition
+from fedcond.client_data import client_fingerprint, load_client_data
+from fedcond.config import RunConfig
+from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, array_to_bytes
+from fedcond.models import build_run_model, get_weights
+from strategies.registry import run_config
+from tests.secagg_harness import FIRST_NODE_ID, InProcessGrid, secure_round
+
+# 3 clusters x 2 clients on digits, one local epoch: six clients of ~60 training samples.
+FEDERATION = {"num-clusters": 3, "clients-per-cluster": 2, "local-epochs": 1}
+
+
+def server_view(config: RunConfig) -> tuple[list[np.ndarray], dict[str, object], list[np.ndarray]]:
+    """(the global model sent, the round's instruction config, every client's z-scored fingerprint)."""
+    raws = np.array([client_fingerprint(config, load_client_data(config, p)) for p in range(config.num_clients)])
+    mean, std = raws.mean(axis=0), raws.std(axis=0)  # what the statistics' secure sum publishes
+    sent = get_weights(build_run_model(config, 10, conditioned=True))
+    round_config = {SERVER_ROUND: 1, FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
+    return sent, round_config, [fp.standardise(raw, mean, std) for raw in raws]
+
+
+def masked_vectors(grid: InProcessGrid) -> list[list[np.ndarray]]:
+    """The masked vectors the server received at SecAgg+'s collect stage, decoded the only way it can
+    (Flower's dequantisation of one client's vector, the leading weight factor divided out)."""
+    decoded = []
+    for reply in grid.replies:
+        configs = reply.content.config_records.get(RECORD_KEY_CONFIGS, {}) if reply.has_content() else {}
+        if Key.MASKED_PARAMETERS not in configs:
+            continue
+        factor, *arrays = [bytes_to_ndarray(b) for b in configs[Key.MASKED_PARAMETERS]]  # type: ignore[union-attr]
+        weight = max(float(factor[0]) / 2**22, 1e-12)
+        decoded.append([(array.astype(np.float64) * 2 * 8.0 / 2**22 - 8.0) / weight for array in arrays])
+    return decoded
+
+
+@pytest.mark.parametrize("conditioning", ["concat", "film", "hyper"])
+def test_the_attack_reads_one_plain_update_and_nothing_secaggplus_shows_the_server(conditioning):
+    plain = run_config({**FEDERATION, "conditioning": conditioning}).resolved()
+    sent, round_config, fingerprints = server_view(plain)
+    template = build_run_model(plain, 10, conditioned=True)
+
+    # Without secure aggregation: client 0's fit reply, as the server receives it.
+    grid = InProcessGrid(plain)
+    instruction = compat.fitins_to_recorddict(FitIns(ndarrays_to_parameters(sent), round_config), keep_input=True)
+    (reply,) = grid.send_and_receive([Message(instruction, FIRST_NODE_ID, MessageType.TRAIN)])
+    returned = parameters_to_ndarrays(compat.recorddict_to_fitres(reply.content, keep_input=True).parameters)
+    assert cosine_similarity(reconstruct_condition(template, sent, returned), fingerprints[0]) > 0.99
+
+    # With SecAgg+: every client's masked vector, and the mean the protocol opens.
+    secure = run_config({**FEDERATION, "conditioning": conditioning, "secure-aggregation": "secaggplus"}).resolved()
+    grid = InProcessGrid(secure)
+    outcome = secure_round(grid, secure, range(secure.num_clients), sent, round_config)
+    assert outcome.mean is not None and outcome.contributors == list(range(6)) and not outcome.dropped
+    masked = masked_vectors(grid)
+    assert len(masked) == 6
+    for client, vector in enumerate(masked):
+        guess = reconstruct_condition(template, sent, vector[:-1])  # the last array is the training loss
+        assert abs(cosine_similarity(guess, fingerprints[client])) < 0.5
+    guess = reconstruct_condition(template, sent, outcome.mean[:-1])
+    assert max(abs(cosine_similarity(guess, one)) for one in fingerprints) < 0.5
+
+
+def test_the_secure_mean_is_fedavgs_within_quantisation_and_survives_a_dropout():
+    config = run_config({**FEDERATION, "conditioning": "concat", "secure-aggregation": "secaggplus"}).resolved()
+    sent, round_config, _ = server_view(config)
+
+    def returned(partition: int) -> tuple[list[np.ndarray], int]:
+        grid = InProcessGrid(run_config({**FEDERATION}).resolved())
+        content = compat.fitins_to_recorddict(FitIns(ndarrays_to_parameters(sent), round_config), keep_input=True)
+        (reply,) = grid.send_and_receive([Message(content, FIRST_NODE_ID + partition, MessageType.TRAIN)])
+        fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
+        return parameters_to_ndarrays(fitres.parameters), fitres.num_examples
+
+    def unmask_fails(message: Message, partition: int) -> None:
+        configs = message.content.config_records.get(RECORD_KEY_CONFIGS, {})
+        if partition == 4 and configs.get(Key.STAGE) == Stage.COLLECT_MASKED_VECTORS:
+            raise RuntimeError("node 4 went away")
+
+    grid = InProcessGrid(config, fault=unmask_fails)
+    outcome = secure_round(grid, config, range(6), sent, round_config)
+    assert outcome.contributors == [0, 1, 2, 3, 5]
+    assert outcome.dropped == {4: ("failed", "RuntimeError: node 4 went away")}
+    plain = [returned(partition) for partition in outcome.contributors]
+    weights = np.array([count for _, count in plain], dtype=np.float64)
+    for index, array in enumerate(outcome.mean[:-1]):  # type: ignore[index]
+        expected = sum(w * model[index] for w, (model, _) in zip(weights, plain, strict=True)) / weights.sum()
+        # Stochastic rounding to 16 / 2^22 per client, and the weights to 1 / 2^22 of the largest.
+        np.testing.assert_allclose(array, expected, atol=2e-5)
