@@ -75,7 +75,9 @@ def test_metrics_csv_is_tidy_one_row_per_method_seed_round(tmp_path):
         "dataset", "scenario", "num_clusters", "clients_per_cluster", "data_fraction", "rotations",
         "fingerprint", "conditioning", "method", "seed",
     ]  # fmt: skip
-    assert list(METRIC_COLUMNS) == reader.fieldnames[10:]
+    # Who took part (history.csv's clients_* columns) follows the metrics: every run here has them.
+    participation = ["clients_asked", "clients_answered", "clients_failed", "clients_timed_out"]
+    assert [*METRIC_COLUMNS, *participation] == reader.fieldnames[10:]
     for column in ("accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari"):
         assert column in reader.fieldnames
     assert len(rows) == 2 * 2 * 3

@@ -42,7 +42,9 @@ METRIC_COLUMNS = (
     "round", "accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari", "train_loss", "elapsed_seconds",
 )  # fmt: skip
 # Written when a run's history has them (added by later features); never required.
-OPTIONAL_METRIC_COLUMNS = ("heldout_accuracy",)
+OPTIONAL_METRIC_COLUMNS = (
+    "heldout_accuracy", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out",
+)  # fmt: skip
 # Settings that say where a run lives, how chatty it is or where it resumes from, not what it computes.
 PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir", "resume")
 EXPERIMENT_FILE = "experiment.json"
