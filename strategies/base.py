@@ -86,6 +86,11 @@ def initial_weights(inputs: StrategyInputs, seed: int | None = None) -> Model:
     return get_weights(build_run_model(inputs.config, inputs.num_classes, inputs.conditioned, seed))
 
 
+def late(reason: str) -> str:
+    """The reason of a client that failed SecAgg+ after its masked vector was collected."""
+    return f"{reason} (after its masked update was collected: it is in the sum)"
+
+
 class FedcondStrategy(Strategy):
     """Every client trains and evaluates in every round; the history records each round.
 
@@ -231,6 +236,7 @@ class FedcondStrategy(Strategy):
         outcome = secure_sum(grid, instructions, workflow, 0, client_manager)
         self.secure_sum_bytes = outcome.bytes_down + outcome.bytes_up
         failures = [Failure(0, STATISTICS, partition, *why) for partition, why in outcome.dropped.items()]
+        failures += [Failure(0, STATISTICS, p, how, late(reason)) for p, (how, reason) in outcome.late.items()]
         self.report_failures(failures)
         self.check_secure_outcome(outcome, "the fingerprint statistics", failures)
         count = len(outcome.contributors)
@@ -323,6 +329,8 @@ class FedcondStrategy(Strategy):
         alone (``combine_sum``); the mean's last array is the sample-weighted mean training loss."""
         for partition, (how, reason) in outcome.dropped.items():
             self.participation.fail(FIT, partition, reason, how)
+        for partition, (how, reason) in outcome.late.items():
+            self.participation.fail(FIT, partition, late(reason), how)
         failures = self.participation.failures
         self.enforce_policy(FIT)
         self.check_secure_outcome(outcome, f"round {server_round}", list(failures))

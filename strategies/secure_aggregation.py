@@ -36,6 +36,7 @@ from flwr.common import (
     Scalar,
     parameters_to_ndarrays,
 )
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.server import ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -44,6 +45,7 @@ from flwr.server.strategy import Strategy
 from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
+from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 
@@ -65,6 +67,8 @@ class SecureSum:
     #: Partition id -> (outcome, one-line reason) of every instructed client whose vector is not in it:
     #: first those that failed, then those left out because of them.
     dropped: dict[int, tuple[str, str]]
+    #: Contributors that failed a later stage (unmasking): their vectors are in the mean all the same.
+    late: dict[int, tuple[str, str]]
     bytes_down: int
     bytes_up: int
     seconds: float
@@ -98,10 +102,37 @@ def secure_sum(
     # Those that failed first (by partition), then those the protocol left out because of them.
     left_out.sort(key=lambda node: (node not in recording.outcomes, partition_of[node]))
     dropped = {partition_of[node]: recording.outcome_of(node) for node in left_out}
+    late = {
+        partition_of[node]: recording.outcome_of(node)
+        for node in partition_of
+        if partition_of[node] in strategy.contributors and node in recording.outcomes
+    }
     return SecureSum(
-        strategy.mean, contributors, dropped, recording.bytes_down, recording.bytes_up, time.perf_counter() - started,
-        strategy.epsilon,
+        strategy.mean, contributors, dropped, late, recording.bytes_down, recording.bytes_up,
+        time.perf_counter() - started, strategy.epsilon,
     )  # fmt: skip
+
+
+class SecAggPlus(SecAggPlusWorkflow):
+    """Flower's ``SecAggPlusWorkflow`` with one fix to its books, so that an early dropout is one.
+
+    Flower's workflow keeps every client it sampled in its books to the end: at the unmask stage it
+    asks each client's neighbours for shares of the masking key of every client that is not active,
+    including one that dropped out before sharing its keys. Nobody holds such shares (the clients
+    then fail on a missing key) and nobody masked with that client, so the round could never finish.
+    Right after key sharing this drops such clients from the books (sampled clients, neighbour
+    sets): only clients that shared their keys remain, which is whom the others masked with.
+    """
+
+    def share_keys_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        if not super().share_keys_stage(grid, context, state):
+            return False
+        shared = set(state.active_node_ids)
+        state.sampled_node_ids = shared
+        state.nid_to_neighbours = {
+            node: neighbours & shared for node, neighbours in state.nid_to_neighbours.items() if node in shared
+        }
+        return self._check_threshold(state)
 
 
 def workflow_for(
@@ -109,7 +140,7 @@ def workflow_for(
     timeout: float | None,
 ) -> SecAggPlusWorkflow:  # fmt: skip
     """Flower's workflow with fedcond's settings (fractions of the round's clients, Flower's float form)."""
-    return SecAggPlusWorkflow(
+    return SecAggPlus(
         num_shares=float(num_shares), reconstruction_threshold=float(threshold), max_weight=max_weight,
         clipping_range=clipping_range, quantization_range=quantization_range, modulus_range=MODULUS, timeout=timeout,
     )  # fmt: skip
@@ -174,7 +205,6 @@ class RecordingGrid(Grid):
         self.bytes_down = 0
         self.bytes_up = 0
         self.outcomes: dict[int, _NodeOutcome] = {}
-        self.stage = ""
 
     def outcome_of(self, node: int) -> tuple[str, str]:
         noted = self.outcomes.get(node)
@@ -189,11 +219,13 @@ class RecordingGrid(Grid):
         replies = list(self.grid.send_and_receive(outgoing, timeout=timeout))
         waited = time.monotonic() - started
         answered = set()
+        stage = stage_of(outgoing[0]) if outgoing else ""
         for reply in replies:
             node = reply.metadata.src_node_id
             answered.add(node)
             if reply.has_error():
-                self.outcomes.setdefault(node, _NodeOutcome(FAILED, failure_reason(reply.error.reason)))
+                reason = f"{failure_reason(reply.error.reason)} (SecAgg+ {stage} stage)"
+                self.outcomes.setdefault(node, _NodeOutcome(FAILED, reason))
             else:
                 self.bytes_up += content_bytes(reply.content)
         for message in outgoing:
@@ -202,7 +234,7 @@ class RecordingGrid(Grid):
                 timed_out = timeout is not None and waited >= timeout
                 outcome = TIMED_OUT if timed_out else FAILED
                 reason = f"no answer within round-timeout={timeout:g} s" if timed_out else "no answer (node left)"
-                self.outcomes.setdefault(node, _NodeOutcome(outcome, reason))
+                self.outcomes.setdefault(node, _NodeOutcome(outcome, f"{reason} (SecAgg+ {stage} stage)"))
         return replies
 
     # -- everything else goes to the run's grid unchanged ------------------------------------------
@@ -226,6 +258,12 @@ class RecordingGrid(Grid):
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self.grid.pull_messages(message_ids)
+
+
+def stage_of(message: Message) -> str:
+    """The SecAgg+ stage a message of the workflow belongs to."""
+    configs = message.content.config_records.get(RECORD_KEY_CONFIGS)
+    return str(configs.get(Key.STAGE, "")) if configs is not None else ""
 
 
 def content_bytes(content: RecordDict) -> int:

@@ -101,10 +101,100 @@ def test_the_secure_mean_is_fedavgs_within_quantisation_and_survives_a_dropout()
     grid = InProcessGrid(config, fault=unmask_fails)
     outcome = secure_round(grid, config, range(6), sent, round_config)
     assert outcome.contributors == [0, 1, 2, 3, 5]
-    assert outcome.dropped == {4: ("failed", "RuntimeError: node 4 went away")}
+    assert outcome.dropped == {4: ("failed", "RuntimeError: node 4 went away (SecAgg+ collect_masked_vectors stage)")}
     plain = [returned(partition) for partition in outcome.contributors]
     weights = np.array([count for _, count in plain], dtype=np.float64)
     for index, array in enumerate(outcome.mean[:-1]):  # type: ignore[index]
         expected = sum(w * model[index] for w, (model, _) in zip(weights, plain, strict=True)) / weights.sum()
         # Stochastic rounding to 16 / 2^22 per client, and the weights to 1 / 2^22 of the largest.
         np.testing.assert_allclose(array, expected, atol=2e-5)
+
+
+# -- (b) every key of every message --------------------------------------------------------------------
+def status(record: str) -> set[str]:
+    return {f"config:{record}.status:code", f"config:{record}.status:message"}
+
+
+INSTRUCTION_CONFIG = {"server-round", "fingerprint-mean", "fingerprint-std", "clipping_norm"}
+SECAGG = "config:secaggplus_configs"
+ALLOWED: dict[tuple[str, str], set[str]] = {
+    # Before round 1, the one identity answer: the node's operator-configured name.
+    ("get_properties", "instruction"): {"config:getpropertiesins.config:fedcond-step"},
+    ("get_properties", "reply"): {"config:getpropertiesres.properties:partition-id", *status("getpropertiesres")},
+    # A plain round: the model and the round's settings down; the model, the loss, IFCA's choice and
+    # the DP accounting up (the sample count is FedAvg's weight).
+    ("train", "instruction"): {"array:fitins.parameters", *(f"config:fitins.config:{k}" for k in INSTRUCTION_CONFIG)},
+    ("train", "reply"): {
+        "array:fitres.parameters", "metric:fitres.num_examples:num_examples", *status("fitres"),
+        *(f"config:fitres.metrics:{key}" for key in ("train-loss", "choice", "epsilon")),
+    },
+    ("evaluate", "instruction"): {
+        "array:evaluateins.parameters", *(f"config:evaluateins.config:{k}" for k in INSTRUCTION_CONFIG),
+    },
+    ("evaluate", "reply"): {
+        "metric:evaluateres.loss:loss", "metric:evaluateres.num_examples:num_examples",
+        "config:evaluateres.metrics:accuracy", *status("evaluateres"),
+    },
+    # SecAgg+ (the fingerprint statistics always; model updates with secure-aggregation=secaggplus).
+    ("train/setup", "instruction"): {
+        f"{SECAGG}:{key}"
+        for key in ("stage", "sample_num", "share_num", "threshold", "clipping_range", "target_range", "mod_range",
+                    "max_weight")
+    },
+    ("train/setup", "reply"): {f"{SECAGG}:pk1", f"{SECAGG}:pk2"},
+    ("train/share_keys", "instruction"): {f"{SECAGG}:stage", f"{SECAGG}:<node-id>"},
+    ("train/share_keys", "reply"): {f"{SECAGG}:dsts", f"{SECAGG}:ctxts"},
+    ("train/collect_masked_vectors", "instruction"): {
+        "array:fitins.parameters", "config:fitins.config:fedcond-step",
+        *(f"config:fitins.config:{k}" for k in INSTRUCTION_CONFIG),
+        f"{SECAGG}:stage", f"{SECAGG}:ctxts", f"{SECAGG}:srcs",
+    },
+    # The masked vector, no metric but the DP accounting, the sample count zeroed (it is in the vector).
+    ("train/collect_masked_vectors", "reply"): {
+        f"{SECAGG}:masked_params", "array:fitres.parameters", "metric:fitres.num_examples:num_examples",
+        "config:fitres.metrics:epsilon", *status("fitres"),
+    },
+    ("train/unmask", "instruction"): {f"{SECAGG}:stage", f"{SECAGG}:active_nids", f"{SECAGG}:dead_nids"},
+    ("train/unmask", "reply"): {f"{SECAGG}:nids", f"{SECAGG}:shares"},
+}  # fmt: skip
+
+# Every method, once; DP and SecAgg+ settings where a method takes them, so their keys are seen too.
+RUNS = {
+    "fedavg": {"method": "fedavg"},
+    "conditional-secagg-dp": {
+        "method": "conditional", "secure-aggregation": "secaggplus", "client-dp": "client-side",
+        "client-dp-noise-multiplier": 0.01, "dp-noise-multiplier": 0.5, "fingerprint-epsilon": 8.0,
+    },
+    "local": {"method": "local"},
+    "oracle": {"method": "oracle"},
+    "ifca": {"method": "ifca"},
+    "ditto-secagg": {"method": "ditto", "secure-aggregation": "secaggplus", "ditto-personal-epochs": 1},
+    "gossip": {"method": "gossip"},
+    "dac": {"method": "dac", "dac-neighbours": 1},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_key_of_every_message_is_on_the_allow_list(tmp_path, name):
+    from strategies.simulation import simulate
+    from tests.message_log import MessageLog, read_log
+
+    log = tmp_path / "messages.jsonl"
+    config = run_config({
+        "num-clusters": 2, "clients-per-cluster": 1, "num-server-rounds": 1, "local-epochs": 1,
+        "results-dir": str(tmp_path / "r"), "verbose": False, **RUNS[name],
+    })  # fmt: skip
+    simulate(config, client_mods=[MessageLog(str(log))], quiet=True)
+    (folder,) = (tmp_path / "r").iterdir()
+    assert '"status": "finished"' in (folder / "run.json").read_text()
+    seen = read_log(log)
+    unexpected = {kind: sorted(keys - ALLOWED.get(kind, set())) for kind, keys in seen.items()}
+    assert not any(unexpected.values()), {kind: keys for kind, keys in unexpected.items() if keys}
+    secure = config.to_mapping()["secure-aggregation"] == "secaggplus"
+    conditioned = name.startswith("conditional")
+    expected = {("get_properties", "reply"), ("evaluate", "reply")}
+    expected |= {("train/collect_masked_vectors", "reply")} if secure or conditioned else set()
+    expected |= {("train", "reply")} if not secure else set()
+    assert expected <= set(seen)
+    # Under SecAgg+ no plain training reply at all: every model update was masked.
+    assert not (secure and ("train", "reply") in seen)

@@ -21,6 +21,8 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
         "ditto-lambda", "ditto-personal-epochs", "dac-neighbours", "min-answered-fraction", "round-timeout", "resume",
         "dp-noise-multiplier", "dp-max-grad-norm", "dp-delta", "fingerprint-epsilon",
         "client-dp", "client-dp-noise-multiplier", "client-dp-clipping-norm",
+        "secure-aggregation", "secagg-num-shares", "secagg-reconstruction-threshold", "secagg-clipping-range",
+        "secagg-quantization-range", "secagg-min-clients",
     }  # fmt: skip
     assert keys <= set(default_config())
     config = run_config({"method": "ditto", "ditto-lambda": 2})
