@@ -20,6 +20,12 @@ Two engines:
 - ``flower``: each run as an in-process Flower simulation (``fedcond compare``'s path), into
   ``OUT/<name>/`` with its history.csv and run.json (round 1 also pays for Ray's start).
 
+``--calibrate`` trains nothing: for each ``--epsilons`` target it finds the noise multipliers that
+reach it after ``--rounds`` rounds on the scenario (the worst-off client's epsilon, as the history
+records it): client level (``client-dp-noise-multiplier``), DP-SGD alone (fedavg, oracle) and DP-SGD
+with a DP fingerprint of half the target (conditional); experiments/grids/privacy-mnist-e1-k5.toml
+holds its numbers for MNIST E1 K=5 at a quarter of the data.
+
 ``--fingerprint-noise`` trains nothing: per client of the scenario it computes the exact fingerprint
 and, for each ``--epsilons`` value, the DP one, and prints the sensitivity bound, the noise std, how
 far apart the clients' exact fingerprints are (the signal) and the mean cosine between each
@@ -35,6 +41,7 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -252,6 +259,47 @@ def fingerprint_noise(extra: dict[str, object], epsilons: list[float]) -> None:
         print(f"| {epsilon:g} | {sensitivity:.3g} | {noise:.3g} | {cosine:.3f} |", flush=True)
 
 
+def noise_for(epsilon_of: Callable[[float], float], target: float) -> float:
+    """The noise multiplier at which ``epsilon_of`` (decreasing in it) reaches ``target``, to 0.1 %."""
+    low, high = 0.05, 200.0
+    while high - low > 1e-3 * low:
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if epsilon_of(middle) > target else (low, middle)
+    return high
+
+
+def calibrate(extra: dict[str, object], epsilons: list[float], rounds: int) -> None:
+    from fedcond.privacy import PrivacyLedger, gaussian_noise_multiplier, gaussian_rounds_epsilon
+    from fedcond.scenarios import scenario_for
+
+    config = run_config({**extra, "num-server-rounds": rounds}).resolved()
+    counts = [len(client.train_indices) for client in scenario_for(config).clients if not client.held_out]
+    delta, batch, epochs = 1e-5, config.batch_size, config.local_epochs
+
+    def worst(noise: float, fingerprint_noise: float = 0.0) -> float:
+        epsilons_of_clients = []
+        for count in set(counts):
+            ledger = PrivacyLedger()
+            if fingerprint_noise:
+                ledger.add(fingerprint_noise, 1.0, 1)
+            batches = math.ceil(count / batch)  # Opacus: sampling rate 1 / batches, batches steps an epoch
+            ledger.add(noise, 1.0 / batches, batches * epochs * rounds)
+            epsilons_of_clients.append(ledger.epsilon(delta))
+        return max(epsilons_of_clients)
+
+    print(f"{config.dataset} {config.scenario}, {len(counts)} clients of {min(counts)}-{max(counts)} training "
+          f"samples, batch {batch}, {epochs} local epoch(s), {rounds} rounds, delta {delta:g}")  # fmt: skip
+    print("| target epsilon | client-dp-noise-multiplier | dp-noise-multiplier (DP-SGD alone) | "
+          "fingerprint-epsilon, dp-noise-multiplier (conditional) |")  # fmt: skip
+    print("|---|---|---|---|")
+    for target in epsilons:
+        client_level = noise_for(lambda z: gaussian_rounds_epsilon(z, rounds, delta), target)
+        alone = noise_for(worst, target)
+        fingerprint_noise = gaussian_noise_multiplier(target / 2, delta)
+        with_fingerprint = noise_for(lambda z, f=fingerprint_noise: worst(z, f), target)
+        print(f"| {target:g} | {client_level:.3f} | {alone:.3f} | {target / 2:g}, {with_fingerprint:.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="folder for the runs (required unless --fingerprint-noise)")
@@ -261,12 +309,16 @@ def main() -> None:
     parser.add_argument("--attempts", type=int, default=2, help="tries per run (Ray can fail to start when busy)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(SETTINGS)}")
     parser.add_argument("--fingerprint-noise", action="store_true")
-    parser.add_argument("--epsilons", default="1,8,64", help="--fingerprint-noise: the fingerprint epsilons")
+    parser.add_argument("--calibrate", action="store_true", help="the noise multipliers for --epsilons targets")
+    parser.add_argument("--epsilons", default="1,8,64", help="--fingerprint-noise, --calibrate: the epsilons")
     parser.add_argument("assignments", nargs="*", help="other run-config settings, key=value")
     args = parser.parse_args()
     extra = parse_assignments(args.assignments)
     if args.fingerprint_noise:
         fingerprint_noise(extra, [float(value) for value in args.epsilons.split(",")])
+        return
+    if args.calibrate:
+        calibrate(extra, [float(value) for value in args.epsilons.split(",")], args.rounds)
         return
     if args.out is None:
         parser.error("--out is required")

@@ -96,6 +96,12 @@ def secure_sum(
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: server_round})
     context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()  # the instructions hold the parameters
     workflow(recording, context)
+    mean = strategy.mean
+    if mean is not None and instructions:
+        # Flower dequantises to float64: the arrays that were sent go back to their own dtype (a
+        # float32 model stays float32, and so does what the next round sends).
+        sent = parameters_to_ndarrays(instructions[0][1].parameters)
+        mean = [array.astype(like.dtype) for array, like in zip(mean, sent, strict=False)] + mean[len(sent) :]
     partition_of = {proxy.node_id: proxy.partition_id for proxy, _ in instructions}
     contributors = sorted(strategy.contributors)
     left_out = [node for node in partition_of if partition_of[node] not in strategy.contributors]
@@ -108,7 +114,7 @@ def secure_sum(
         if partition_of[node] in strategy.contributors and node in recording.outcomes
     }
     return SecureSum(
-        strategy.mean, contributors, dropped, late, recording.bytes_down, recording.bytes_up,
+        mean, contributors, dropped, late, recording.bytes_down, recording.bytes_up,
         time.perf_counter() - started, strategy.epsilon,
     )  # fmt: skip
 

@@ -8,16 +8,19 @@ persists across messages as a SuperNode's does, and keeps every reply: what the 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from uuid import uuid4
 
 import numpy as np
 from flwr.app import Error, Message, RecordDict
 from flwr.common import Context, FitIns, ndarrays_to_parameters
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
 
 from clients.app import make_client_app
 from fedcond.config import RunConfig
@@ -40,6 +43,8 @@ class InProcessGrid(Grid):
     def __init__(
         self, config: RunConfig, fault: Callable[[Message, int], None] | None = None, num_nodes: int | None = None
     ) -> None:
+        # What start_grid sets for a ServerApp: whom the messages created here come from.
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, SUPERLINK_NODE_ID
         self.app = make_client_app(config)
         self.fault = fault
         count = num_nodes or config.num_clients
@@ -59,7 +64,10 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         replies = []
-        for message in messages:
+        for sent in messages:
+            # A copy, as a SuperLink delivers one: the workflow sends one content object to many
+            # nodes, and SecAgg+'s mod changes what it receives.
+            message = copy.deepcopy(sent)
             message.metadata.__dict__["_message_id"] = str(uuid4())
             node = message.metadata.dst_node_id
             try:

@@ -28,8 +28,10 @@ from fedcond.models import build_run_model, get_weights
 from strategies.registry import run_config
 from tests.secagg_harness import FIRST_NODE_ID, InProcessGrid, secure_round
 
-# 3 clusters x 2 clients on digits, one local epoch: six clients of ~60 training samples.
-FEDERATION = {"num-clusters": 3, "clients-per-cluster": 2, "local-epochs": 1}
+# 3 clusters x 2 clients on digits, one local epoch. Fingerprints of 64 values: a random direction has
+# |cosine| >= 0.5 with a given vector with probability 2.2e-5 there (3.0e-3 at the default 32), so the
+# 18 checks on masked vectors below fail by chance about once in 2,500 runs (not once in 18).
+FEDERATION = {"num-clusters": 3, "clients-per-cluster": 2, "local-epochs": 1, "fingerprint-dim": 64}
 
 
 def server_view(config: RunConfig) -> tuple[list[np.ndarray], dict[str, object], list[np.ndarray]]:
@@ -42,16 +44,17 @@ def server_view(config: RunConfig) -> tuple[list[np.ndarray], dict[str, object],
 
 
 def masked_vectors(grid: InProcessGrid) -> list[list[np.ndarray]]:
-    """The masked vectors the server received at SecAgg+'s collect stage, decoded the only way it can
-    (Flower's dequantisation of one client's vector, the leading weight factor divided out)."""
+    """The masked vectors the server received at SecAgg+'s collect stage (the weight factor dropped),
+    decoded as signed integers: the masks make every entry uniform modulo 2^32, so any decoding is
+    noise; this one at least centres it on 0 (an uncentred one correlates with every vector whose
+    entries share a sign, which is no recovery)."""
     decoded = []
     for reply in grid.replies:
         configs = reply.content.config_records.get(RECORD_KEY_CONFIGS, {}) if reply.has_content() else {}
         if Key.MASKED_PARAMETERS not in configs:
             continue
-        factor, *arrays = [bytes_to_ndarray(b) for b in configs[Key.MASKED_PARAMETERS]]  # type: ignore[union-attr]
-        weight = max(float(factor[0]) / 2**22, 1e-12)
-        decoded.append([(array.astype(np.float64) * 2 * 8.0 / 2**22 - 8.0) / weight for array in arrays])
+        _, *arrays = [bytes_to_ndarray(b) for b in configs[Key.MASKED_PARAMETERS]]  # type: ignore[union-attr]
+        decoded.append([np.where(array >= 2**31, array - 2**32, array).astype(np.float64) for array in arrays])
     return decoded
 
 
@@ -78,8 +81,12 @@ def test_the_attack_reads_one_plain_update_and_nothing_secaggplus_shows_the_serv
     for client, vector in enumerate(masked):
         guess = reconstruct_condition(template, sent, vector[:-1])  # the last array is the training loss
         assert abs(cosine_similarity(guess, fingerprints[client])) < 0.5
+    # The mean, which SecAgg+ reveals by design and every client receives as the next global model:
+    # a mixture of the six fingerprints, not any one of them. It leans towards one cluster's (cosine
+    # 0.85 to 0.88 with a member here, 0.69 to 0.73 at fingerprint-dim 32): clients of a cluster share
+    # nearly one fingerprint. Only client-level DP's noise protects what the mean says (docs/privacy.md).
     guess = reconstruct_condition(template, sent, outcome.mean[:-1])
-    assert max(abs(cosine_similarity(guess, one)) for one in fingerprints) < 0.5
+    assert max(abs(cosine_similarity(guess, one)) for one in fingerprints) < 0.95
 
 
 def test_the_secure_mean_is_fedavgs_within_quantisation_and_survives_a_dropout():
@@ -198,3 +205,6 @@ def test_every_key_of_every_message_is_on_the_allow_list(tmp_path, name):
     assert expected <= set(seen)
     # Under SecAgg+ no plain training reply at all: every model update was masked.
     assert not (secure and ("train", "reply") in seen)
+    if name == "conditional-secagg-dp":  # the DP keys did travel (so the allow-list saw them)
+        assert "config:fitres.metrics:epsilon" in seen[("train/collect_masked_vectors", "reply")]
+        assert "config:fitins.config:clipping_norm" in seen[("train/collect_masked_vectors", "instruction")]
