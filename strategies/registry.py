@@ -152,12 +152,25 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
         check_resume(config)
     if load_data:
         scenario_for(config)
+    check_secure_aggregation(config, method)  # after the data: too many clients for the data says so first
     return method
 
 
+def check_secure_aggregation(config: RunConfig, method: Method) -> None:
+    """Secure aggregation (docs/privacy.md) against the method and the federation, in one line."""
+    if method.strategy is not None:
+        sums_statistics = method.conditioned and config.normalisation == "federated"
+        refusal = method.strategy.secure_aggregation_refusal
+        secure_aggregation.check_secure_aggregation(config, refusal, sums_statistics)
+    elif secure_aggregation.SecureAggregation.of(config).model_updates:
+        raise FedcondError(
+            f"{method.name} trains centrally on pooled data: secure-aggregation applies to federated methods only; "
+            "set secure-aggregation=none"
+        )
+
+
 def check_privacy(config: RunConfig, method: Method) -> None:
-    """The privacy settings (docs/privacy.md: DP and secure aggregation) against the method: refused in
-    one line where they cannot hold."""
+    """The DP settings (docs/privacy.md) against the method: refused in one line where they cannot hold."""
     sample_level = privacy.SampleLevelPrivacy.of(config)
     if method.protocol == "pooled" and (sample_level.enabled or client_dp.client_dp_mode(config) != "off"):
         raise FedcondError(
@@ -177,12 +190,4 @@ def check_privacy(config: RunConfig, method: Method) -> None:
         )
     privacy.check_sample_level(config, method.conditioned)
     client_dp.check_client_dp(config, method.strategy)
-    if method.strategy is not None:
-        sums_statistics = method.conditioned and config.normalisation == "federated"
-        refusal = method.strategy.secure_aggregation_refusal
-        secure_aggregation.check_secure_aggregation(config, refusal, sums_statistics)
-    elif secure_aggregation.SecureAggregation.of(config).model_updates:
-        raise FedcondError(
-            f"{method.name} trains centrally on pooled data: secure-aggregation applies to federated methods only; "
-            "set secure-aggregation=none"
-        )
+

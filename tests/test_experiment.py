@@ -337,7 +337,7 @@ def test_a_failure_at_the_set_up_step_fails_that_run_and_the_next_still_runs(tmp
         raise ValueError("the share step broke\n  on two lines")
 
     # The ServerApp runs in this process's thread, so the patch reaches the strategy's set-up step.
-    monkeypatch.setattr(strategies.base, "federated_fingerprint_statistics", broken_secure_sum)
+    monkeypatch.setattr(strategies.base, "secure_sum", broken_secure_sum)
     out = tmp_path / "cmp"
     code = main([
         "compare", "--num-clusters", "2", "--clients-per-cluster", "1", "--rounds", "1",

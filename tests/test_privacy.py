@@ -316,6 +316,23 @@ def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd
         ({"method": "fedavg", "dataset": "cifar10", "client-dp": "server-side"}, "BatchNorm"),
         ({"method": "pooled-global", "dp-noise-multiplier": 1.0}, "federated methods only"),
         ({"method": "fedavg", "dp-noise-multiplier": 1.0, "resume": "/a/run"}, "its epsilon would restart from 0"),
+        # Secure aggregation (fedcond.secure_aggregation, each strategy's secure_aggregation_refusal).
+        ({"secure-aggregation": "sum"}, "unknown secure-aggregation 'sum'"),
+        ({"method": "oracle", "secure-aggregation": "secaggplus"}, "Oracle averages within each true cluster"),
+        ({"method": "ifca", "secure-aggregation": "secaggplus"}, "IFCA's server groups the returned models"),
+        ({"method": "local", "secure-aggregation": "secaggplus"}, "nothing to aggregate"),
+        ({"method": "gossip", "secure-aggregation": "secaggplus"}, "average with chosen peers"),
+        ({"method": "dac", "secure-aggregation": "secaggplus"}, "average with chosen peers"),
+        ({"method": "fedavg", "secure-aggregation": "secaggplus", "client-dp": "server-side"}, "use client-dp=client"),
+        ({"method": "pooled-global", "secure-aggregation": "secaggplus"}, "federated methods only"),
+        ({"secagg-min-clients": 16}, r"secagg-min-clients=16 clients, but the federation trains 15"),
+        ({"method": "fedavg", "secure-aggregation": "secaggplus", "secagg-min-clients": 16}, "each round's updates"),
+        ({"method": "fedavg", "secure-aggregation": "secaggplus", "secagg-num-shares": 0.0}, r"fractions in \(0, 1\]"),
+        ({"method": "fedavg", "secure-aggregation": "secaggplus", "secagg-clipping-range": 0.0}, "must be positive"),
+        (
+            {"method": "fedavg", "secure-aggregation": "secaggplus", "secagg-quantization-range": 2**29},
+            r"15 clients x secagg-quantization-range=536870912 reach SecAgg\+'s modulus",
+        ),
     ],
 )
 def test_dp_settings_a_run_cannot_honour_are_refused_in_one_line(settings, message):
@@ -331,6 +348,10 @@ def test_dp_settings_that_hold_are_accepted():
         {"method": "ditto", "client-dp": "client-side", "dp-noise-multiplier": 0.5},
         {"fingerprint": "label-cov", "fingerprint-epsilon": 1.0},
         {"fingerprint": "random-id", "dp-noise-multiplier": 1.0},  # a data-free fingerprint needs no noise
+        {"method": "fedavg", "secure-aggregation": "secaggplus"},
+        {"method": "ditto", "secure-aggregation": "secaggplus", "dp-noise-multiplier": 0.5},
+        {"secure-aggregation": "secaggplus", "client-dp": "client-side", "fingerprint-epsilon": 8.0},
+        {"method": "gossip", "secagg-min-clients": 16},  # no secure sum in this run: nothing to refuse
     ):
         check_run(run_config(settings))
 
