@@ -97,7 +97,8 @@ def figure(results: list[Result], path: Path) -> None:
     for r in results:
         if r.mechanism == "none":
             style = "--" if r.secure else "-"
-            axis.axhline(r.accuracy, color=colours[r.method], linestyle=style, linewidth=0.8, alpha=0.6)
+            label = f"{r.method}, no DP{', SecAgg+' if r.secure else ''}"
+            axis.axhline(r.accuracy, color=colours[r.method], linestyle=style, linewidth=0.8, alpha=0.6, label=label)
         elif math.isfinite(r.epsilon):
             lines[(r.method, r.mechanism, r.secure)].append(r)
     for (method, mechanism, secure), points in sorted(lines.items()):
@@ -111,7 +112,7 @@ def figure(results: list[Result], path: Path) -> None:
     axis.set_xlabel("epsilon (delta 1e-5; client level or the worst-off client's sample level)")
     axis.set_ylabel("final accuracy")
     axis.set_title("Accuracy against epsilon (horizontal lines: no DP)")
-    axis.legend(fontsize=7, loc="lower right")
+    axis.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

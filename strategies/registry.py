@@ -190,4 +190,3 @@ def check_privacy(config: RunConfig, method: Method) -> None:
         )
     privacy.check_sample_level(config, method.conditioned)
     client_dp.check_client_dp(config, method.strategy)
-
