@@ -208,3 +208,18 @@ def test_every_key_of_every_message_is_on_the_allow_list(tmp_path, name):
     if name == "conditional-secagg-dp":  # the DP keys did travel (so the allow-list saw them)
         assert "config:fitres.metrics:epsilon" in seen[("train/collect_masked_vectors", "reply")]
         assert "config:fitins.config:clipping_norm" in seen[("train/collect_masked_vectors", "instruction")]
+
+
+def test_a_secaggplus_client_refuses_a_plain_round_and_never_lets_secaggplus_clip():
+    config = run_config({**FEDERATION, "secure-aggregation": "secaggplus"}).resolved()
+    sent, round_config, _ = server_view(config)
+    grid = InProcessGrid(config)
+    content = compat.fitins_to_recorddict(FitIns(ndarrays_to_parameters(sent), round_config), keep_input=True)
+    (reply,) = grid.send_and_receive([Message(content, FIRST_NODE_ID, MessageType.TRAIN)])
+    assert reply.has_error() and "a plain training instruction" in reply.error.reason
+
+    tight = run_config({**FEDERATION, "secure-aggregation": "secaggplus", "secagg-clipping-range": 0.01}).resolved()
+    outcome = secure_round(InProcessGrid(tight), tight, range(6), sent, round_config)
+    assert outcome.mean is None and outcome.contributors == []  # nobody sent: the protocol stopped
+    reasons = [reason for _, reason in outcome.dropped.values()]
+    assert len(reasons) == 6 and all("exceeds secagg-clipping-range=0.01" in reason for reason in reasons)

@@ -174,3 +174,23 @@ def test_too_few_clients_left_in_the_statistics_sum_fail_the_run_before_round_1(
     first = "first: round 0: partition 1 failed in fingerprint statistics: injected fault: partition 1 round 0 setup"
     assert first in info["error"]
     assert [failure["partition-id"] for failure in info["failures"]] == [1, 0]
+
+
+def test_under_secaggplus_a_client_dropping_mid_protocol_is_a_failure_the_round_survives(tmp_path):
+    # Partition 1 raises in round 2 at SecAgg+'s masked-vector stage: left out of that round's sum,
+    # recorded as the round's fit failure; 3 of 4 answers suffice (min-answered-fraction 0.75).
+    config = run_config({
+        "method": "fedavg", "secure-aggregation": "secaggplus", "num-clusters": 2, "clients-per-cluster": 2,
+        "num-server-rounds": 3, "local-epochs": 1, "min-answered-fraction": 0.75, "results-dir": str(tmp_path / "r"),
+        "verbose": False,
+    })  # fmt: skip
+    simulate(config, client_mods=[Fault(1, 2, "collect_masked_vectors", RAISE)], quiet=True)
+    rows, info = read_history(tmp_path / "r")
+    assert info["status"] == "finished" and [row["clients_answered"] for row in rows] == ["4", "3", "4"]
+    (failure,) = info["failures"]
+    assert (failure["round"], failure["stage"], failure["partition-id"]) == (2, "fit", 1)
+    assert failure["reason"] == (
+        "injected fault: partition 1 round 2 collect_masked_vectors (SecAgg+ collect_masked_vectors stage)"
+    )
+    assert all(math.isfinite(float(row["train_loss"])) and int(row["bytes_up"]) > 0 for row in rows)
+    assert info["privacy"]["secure_aggregation"]["protocol"].startswith("SecAgg+")
