@@ -52,7 +52,7 @@ from flwr.supercore.run import Run
 from fedcond.messages import EPSILON
 from fedcond.participation import FAILED, TIMED_OUT
 from fedcond.secure_aggregation import MODULUS
-from strategies.federation import failure_reason
+from strategies.federation import classify_failure
 from strategies.membership import PartitionProxy
 
 
@@ -71,7 +71,6 @@ class SecureSum:
     late: dict[int, tuple[str, str]]
     bytes_down: int
     bytes_up: int
-    seconds: float
     #: The largest cumulative epsilon a contributor reported (sample-level DP; NaN without).
     epsilon: float = float("nan")
 
@@ -84,12 +83,11 @@ def secure_sum(
     client_manager: ClientManager,
 ) -> SecureSum:
     """The SecAgg+ mean of what ``instructions``' clients return (see the module docstring)."""
-    started = time.perf_counter()
-    recording = RecordingGrid(grid, workflow.timeout)
+    recording = RecordingGrid(grid)
     strategy = _Instructions(instructions)
     context = LegacyContext(
         Context(run_id=grid.run.run_id, node_id=0, node_config={}, state=RecordDict(), run_config={}),
-        config=ServerConfig(num_rounds=server_round),
+        config=ServerConfig(),  # the round loop is the caller's: the workflow runs one fit step
         strategy=strategy,
         client_manager=client_manager,
     )
@@ -113,10 +111,7 @@ def secure_sum(
         for node in partition_of
         if partition_of[node] in strategy.contributors and node in recording.outcomes
     }
-    return SecureSum(
-        mean, contributors, dropped, late, recording.bytes_down, recording.bytes_up,
-        time.perf_counter() - started, strategy.epsilon,
-    )  # fmt: skip
+    return SecureSum(mean, contributors, dropped, late, recording.bytes_down, recording.bytes_up, strategy.epsilon)
 
 
 class SecAggPlus(SecAggPlusWorkflow):
@@ -205,9 +200,8 @@ class RecordingGrid(Grid):
     """The run's grid, passing every call on, that notes each node's first failed or missing reply
     and counts the bytes of every message's content both ways."""
 
-    def __init__(self, grid: Grid, timeout: float | None) -> None:
+    def __init__(self, grid: Grid) -> None:
         self.grid = grid
-        self.timeout = timeout
         self.bytes_down = 0
         self.bytes_up = 0
         self.outcomes: dict[int, _NodeOutcome] = {}
@@ -230,8 +224,9 @@ class RecordingGrid(Grid):
             node = reply.metadata.src_node_id
             answered.add(node)
             if reply.has_error():
-                reason = f"{failure_reason(reply.error.reason)} (SecAgg+ {stage} stage)"
-                self.outcomes.setdefault(node, _NodeOutcome(FAILED, reason))
+                # The client's own reason, or the SuperLink's word that its node left or it expired.
+                outcome, reason = classify_failure(Exception(reply.error.reason), waited, timeout)
+                self.outcomes.setdefault(node, _NodeOutcome(outcome, f"{reason} (SecAgg+ {stage} stage)"))
             else:
                 self.bytes_up += content_bytes(reply.content)
         for message in outgoing:
