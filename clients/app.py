@@ -12,9 +12,12 @@ simulation Flower fills in the first two):
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from flwr.client import Client, ClientApp
 from flwr.clientapp.typing import Mod
 from flwr.common import Context
@@ -52,6 +55,24 @@ def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientD
     return cached_client_data(config, partition_id)
 
 
+@functools.cache
+def threads_for_this_actor() -> None:
+    """In a simulation, torch gets as many threads as Ray gave this actor CPUs
+    (``client-resources-num-cpus``), once per process.
+
+    Ray sets ``OMP_NUM_THREADS`` to an actor's CPUs only when the environment does not set it
+    already; with ``OMP_NUM_THREADS=2`` inherited on a 2-core machine, two actors ran four threads on
+    two cores and every round took 4x as long (17 s instead of 4 s, docs/performance.md). Deployed
+    SuperNodes (no Ray) keep what their environment says.
+    """
+    ray = sys.modules.get("ray")  # never imported here: a deployed ClientApp process has no Ray
+    if ray is None or not ray.is_initialized():
+        return
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    if cpus:
+        torch.set_num_threads(max(1, int(cpus)))
+
+
 def make_client_app(config: RunConfig | None = None, mods: Sequence[Mod] = ()) -> ClientApp:
     """A ClientApp reading its settings from the run config, or from ``config`` when given (tests).
 
@@ -63,6 +84,7 @@ def make_client_app(config: RunConfig | None = None, mods: Sequence[Mod] = ()) -
         return config or run_config(context.run_config)
 
     def client_fn(context: Context) -> Client:
+        threads_for_this_actor()
         return build_client(context, settings(context))
 
     # SecAgg+ wraps the clipping (client-dp = "client-side"): a client clips its update, then masks it.

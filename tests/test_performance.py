@@ -138,3 +138,32 @@ def test_the_benchmark_table_reports_ratios_and_per_message_overhead():
     assert "flwr-run overhead per message over the bare loop: 100.0 ms" in table  # (2.8 - 2.0) / 8 messages
     assert "Flower's floor per message: 50.0 ms" in table
     assert bench.split_outside(20.0, [5.0, 2.8], first_end=9.0, last_end=11.8) == (4.0, 8.2)
+
+
+def test_an_actor_gets_as_many_torch_threads_as_ray_gave_it_cpus(monkeypatch):
+    """OMP_NUM_THREADS inherited from the user's shell (Ray then leaves it alone) must not give each
+    of two one-CPU actors two threads: that made every round 4x slower on 2 cores."""
+    import sys
+    import types
+
+    from clients.app import threads_for_this_actor
+
+    class Runtime:
+        def get_assigned_resources(self) -> dict[str, float]:
+            return {"CPU": 1.0}
+
+    fake_ray = types.SimpleNamespace(is_initialized=lambda: True, get_runtime_context=Runtime)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        threads_for_this_actor.cache_clear()
+        monkeypatch.setitem(sys.modules, "ray", None)  # a deployed ClientApp: no Ray, threads untouched
+        threads_for_this_actor()
+        assert torch.get_num_threads() == 2
+        threads_for_this_actor.cache_clear()
+        monkeypatch.setitem(sys.modules, "ray", fake_ray)
+        threads_for_this_actor()
+        assert torch.get_num_threads() == 1
+    finally:
+        threads_for_this_actor.cache_clear()
+        torch.set_num_threads(before)
