@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/fedcond run $(ARGS)
 
+# Two test processes: many tests wait on Flower (heartbeats, polling), and the other one uses the core meanwhile.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -86,7 +86,9 @@ def short_name(process: psutil.Process) -> str:
     """``ray::ClientAppActor``, ``flower-superlink``, ``python -m fedcond.tools.cli``: enough to tell them apart."""
     with contextlib.suppress(psutil.Error):
         cmdline = process.cmdline()
-        if cmdline and cmdline[0].startswith("ray::"):
+        if not cmdline:  # a process exiting (or a zombie) between the listing and this call
+            return "?"
+        if cmdline[0].startswith("ray::"):
             return cmdline[0]
         words = [Path(cmdline[0]).name, *(word for word in cmdline[1:3] if not word.startswith("--"))]
         return " ".join(words)[:60]

@@ -1,6 +1,6 @@
 """Accuracy against epsilon, from a privacy sweep: ``privacy.png`` and ``privacy.md`` in its folder.
 
-    fedcond sweep experiments/grids/privacy-mnist-e1-k5.toml --out results/privacy data-dir=DIR
+    fedcond sweep experiments/grids/privacy-mnist-e1-k5.toml data-dir=DIR --out results/privacy
     python experiments/privacy_plot.py results/privacy
 
 Reads every finished run under ``OUT/runs`` (its ``run.json`` and ``history.csv``): the method, the

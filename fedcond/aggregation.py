@@ -36,6 +36,74 @@ def weighted_average(models: Iterable[Model], weights: Sequence[float]) -> Model
     return result
 
 
+class StreamingAverage:
+    """``weighted_average`` over models that arrive one at a time and in any order, holding only the
+    running sum and the few models that came early: a round of 1,000 clients never holds 1,000 replies.
+
+    The numbers are those of ``weighted_average`` over the same models in key (partition) order:
+    models are folded in key order, each scaled by its weight's share of the ``expected`` total
+    (the server knows each client's training samples from its scenario), so a model whose turn has
+    not come waits until every smaller key was folded or ``withdraw``-n (it failed). When the models
+    that came back, or their weights, are not the expected ones, ``result`` rescales the sum to the
+    weights that did come back: the same average, up to float rounding.
+    """
+
+    def __init__(self, expected: dict[int, float]) -> None:
+        self.expected_total = float(sum(expected.values()))
+        if not expected or self.expected_total <= 0:
+            raise FedcondError("nothing to average: no client expected to return a model with samples")
+        self._queue = sorted(expected)  # keys still to fold or withdraw, smallest first
+        self._early: dict[int, tuple[Model, float]] = {}
+        self._withdrawn: set[int] = set()
+        self._sum: Model = []
+        self.weights: dict[int, float] = {}  # the folded keys and their weights, in folding order
+        self.largest_backlog = 0  # the most models that ever waited for their turn (memory)
+
+    def add(self, key: int, model: Model, weight: float) -> None:
+        """One client's model and weight, whenever it arrives."""
+        if key not in self._queue or key in self._early:
+            raise FedcondError(f"partition {key} returned a model twice or was not asked this round")
+        self._early[key] = (model, float(weight))
+        self.largest_backlog = max(self.largest_backlog, len(self._early))
+        self._fold_ready()
+
+    def withdraw(self, key: int) -> None:
+        """``key`` will return no model (it failed): the keys after it need not wait for it."""
+        if key in self._queue and key not in self._early:
+            self._withdrawn.add(key)
+            self._fold_ready()
+
+    def _fold_ready(self) -> None:
+        while self._queue and (self._queue[0] in self._early or self._queue[0] in self._withdrawn):
+            key = self._queue.pop(0)
+            if key in self._withdrawn:
+                continue
+            model, weight = self._early.pop(key)
+            share = np.float64(weight / self.expected_total)
+            if not self.weights:
+                self._sum = [_scaled(np.array(layer, copy=True), share) for layer in model]
+            else:
+                for layer, update in zip(self._sum, model, strict=True):
+                    np.add(layer, _scaled(np.array(update, copy=True), share), out=layer)
+            self.weights[key] = weight
+
+    def result(self, answered: dict[int, float]) -> Model:
+        """The average over ``answered`` (key -> weight: the replies the round counts), which must be
+        the keys folded so far; a key still waiting (a smaller one never came back) is folded now."""
+        for key in list(self._queue):
+            if key not in answered:
+                self.withdraw(key)
+        if set(self.weights) != set(answered) or self._early:
+            raise FedcondError("the streamed average and the round's answers disagree; report this as a bug")
+        total = float(sum(answered.values()))
+        if total <= 0:
+            raise FedcondError("nothing to average: no client returned a model with samples")
+        if total == self.expected_total:
+            return self._sum
+        # Some clients failed or reported other weights: rescale to the total that came back.
+        return [_scaled(layer, np.float64(self.expected_total / total)) for layer in self._sum]
+
+
 def _scaled(layer: np.ndarray, share: np.floating) -> np.ndarray:
     # An integer buffer (batch norm's step count) cannot hold a fraction: it is scaled in its own
     # dtype, exactly as Flower does.

@@ -6,11 +6,22 @@ Ditto server does): which parameters each client receives and how returned model
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common import (
+    Code,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
@@ -18,12 +29,20 @@ from flwr.serverapp.grid import Grid
 
 from fedcond import fingerprint as fp
 from fedcond import secure_sum as statistics
-from fedcond.aggregation import Model
+from fedcond.aggregation import Model, StreamingAverage
 from fedcond.checkpoint import GLOBAL_MODEL, Checkpoint
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
-from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
+from fedcond.messages import (
+    ERROR,
+    FINGERPRINT_MEAN,
+    FINGERPRINT_STD,
+    SERVER_ROUND,
+    STEP,
+    STEP_STATISTICS,
+    array_to_bytes,
+)
 from fedcond.models import build_run_model, get_weights
 from fedcond.participation import EVALUATE, FIT, NODE_LEFT, STATISTICS, Failure, RoundParticipation
 from fedcond.privacy import SampleLevelPrivacy
@@ -42,6 +61,8 @@ from strategies.secure_aggregation import SecureSum, secure_sum, workflow_for
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
+#: The tensor type of a fit reply whose model went into the round's running average on arrival.
+FOLDED = "fedcond.folded"
 
 
 @dataclass(frozen=True)
@@ -140,6 +161,9 @@ class FedcondStrategy(Strategy):
     #: Why this strategy's server cannot work from the sum of the returned models alone, as
     #: ``check_run`` words its refusal of secure-aggregation (None: it can, see ``combine_sum``).
     secure_aggregation_refusal: ClassVar[str | None] = "its server needs each client's own model, not their sum"
+    #: Whether ``combine`` needs only the sample-weighted mean of the returned models, so that each
+    #: reply can be folded into it as it arrives (``fold_fit_replies``).
+    combines_the_mean: ClassVar[bool] = False
 
     def __init__(self, inputs: StrategyInputs) -> None:
         self.inputs = inputs
@@ -150,6 +174,12 @@ class FedcondStrategy(Strategy):
         self.secure = SecureAggregation.of(config)
         self.membership = Membership(config.num_clients, message_timeout(config), inputs.recorder, config.verbose)
         self.participation = RoundParticipation(0, ())
+        #: Set by the round loop (strategies/checkpointing.py) where nothing needs each reply's own
+        #: model: each fit reply is then folded into ``fit_stream`` as it arrives and the round keeps
+        #: one running sum instead of every client's model (1,000 x 1.7 MB at 1,000 MNIST clients).
+        self.fold_fit_replies = False
+        self.fit_stream: StreamingAverage | None = None
+        self._stream_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.inputs.config.method})"
@@ -311,9 +341,34 @@ class FedcondStrategy(Strategy):
         self.tracker.start_round()
         # Every client is asked each round (held-out ones to evaluate only), whatever it did before.
         self.participation = RoundParticipation(server_round, range(self.inputs.config.num_clients))
-        return self.instruct(
+        instructions = self.instruct(
             FIT, FitIns, self.fit_parameters, self.training_partitions, server_round, parameters, client_manager
         )
+        self.fit_stream = None
+        if self.fold_fit_replies:
+            # Each client's expected weight is its training samples, from the server's own scenario.
+            clients = self.inputs.scenario.clients if self.inputs.scenario is not None else ()
+            expected = {proxy.partition_id: float(len(clients[proxy.partition_id].train_indices))
+                        for proxy, _ in instructions if isinstance(proxy, PartitionProxy)}  # fmt: skip
+            self.fit_stream = StreamingAverage(expected)
+            for proxy, _ in instructions:
+                if isinstance(proxy, PartitionProxy):
+                    proxy.on_fit_reply = self.fold_fit_reply
+        return instructions
+
+    def fold_fit_reply(self, partition_id: int, res: FitRes | None) -> FitRes | None:
+        """Called as each fit reply arrives (None: the instruction failed): its model goes into the
+        round's running average and the reply is passed on without it (its bytes already counted)."""
+        with self._stream_lock:
+            stream = self.fit_stream
+            if stream is None:
+                return res
+            if res is None or res.status.code != Code.OK or ERROR in res.metrics or not res.parameters.tensors:
+                stream.withdraw(partition_id)
+                return res
+            self.tracker.bytes_up += parameters_bytes(res.parameters)
+            stream.add(partition_id, parameters_to_ndarrays(res.parameters), res.num_examples)
+            return FitRes(res.status, Parameters(tensors=[], tensor_type=FOLDED), res.num_examples, res.metrics)
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures

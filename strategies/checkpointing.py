@@ -44,6 +44,11 @@ class CheckpointingServer(Server):
         super().__init__(client_manager=SimpleClientManager(), strategy=served or strategy)
         self.served = served or strategy
         self.fedcond_strategy = strategy
+        # Fold each fit reply into the round's mean as it arrives, unless something needs every reply's
+        # own model: Flower's DP wrappers clip or reweigh each one, and SecAgg+ has no plain replies.
+        strategy.fold_fit_replies = (
+            strategy.combines_the_mean and self.served is strategy and not strategy.secure.model_updates
+        )
         self.recorder = recorder
         self.rounds_before = rounds_before
         self.checkpoint_bytes = 0

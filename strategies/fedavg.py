@@ -30,7 +30,12 @@ class FedcondFedAvg(FedcondStrategy):
     def initial_global(self) -> Parameters:
         return ndarrays_to_parameters(initial_weights(self.inputs))
 
+    #: Its server needs the sample-weighted mean alone: each reply is folded into it as it arrives.
+    combines_the_mean = True
+
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
+        if self.fit_stream is not None:  # the replies' models were folded in as they came (same numbers)
+            return ndarrays_to_parameters(self.fit_stream.result({p: res.num_examples for p, res in results}))
         # Decoded one at a time as the average consumes them (peak memory: one model, not one per client).
         models = (parameters_to_ndarrays(res.parameters) for _, res in results)
         return ndarrays_to_parameters(weighted_average(models, [res.num_examples for _, res in results]))

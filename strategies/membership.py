@@ -56,6 +56,9 @@ class PartitionProxy(ClientProxy):
         self.partition_id = partition_id
         self.participation = participation
         self.stage = stage
+        #: Where a fit reply goes as soon as it arrives (None when it failed); what it returns is what
+        #: the round loop keeps (``FedcondStrategy.fold_fit_reply``).
+        self.on_fit_reply: Callable[[int, FitRes | None], FitRes | None] | None = None
 
     def _recorded(self, call: Callable[[], object], timeout: float | None) -> object:
         started = time.monotonic()
@@ -67,7 +70,14 @@ class PartitionProxy(ClientProxy):
             raise
 
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
-        return self._recorded(lambda: self.node.fit(ins, timeout, group_id), timeout)  # type: ignore[return-value]
+        if self.on_fit_reply is None:
+            return self._recorded(lambda: self.node.fit(ins, timeout, group_id), timeout)  # type: ignore[return-value]
+        try:
+            res = self._recorded(lambda: self.node.fit(ins, timeout, group_id), timeout)
+        except Exception:
+            self.on_fit_reply(self.partition_id, None)
+            raise
+        return self.on_fit_reply(self.partition_id, res)  # type: ignore[arg-type,return-value]
 
     def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
         return self._recorded(lambda: self.node.evaluate(ins, timeout, group_id), timeout)  # type: ignore[return-value]

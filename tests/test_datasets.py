@@ -41,6 +41,25 @@ def test_idx_folder_is_read_from_data_dir_or_its_subfolder(tmp_path):
     assert load_dataset("mnist", tmp_path) is dataset, "decoded once per process, then cached"
 
 
+def test_a_decoded_dataset_is_mapped_by_later_processes_until_its_files_change(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDCOND_CACHE_DIR", str(tmp_path / "own-cache"))  # not the session's shared copies
+    write_fake_mnist(tmp_path / "mnist")
+    decoded = load_dataset("mnist", tmp_path)
+    (copy,) = (tmp_path / "own-cache" / "decoded").glob("mnist-*")
+    load_dataset.cache_clear()  # as a new process
+    mapped = load_dataset("mnist", tmp_path)
+    assert not mapped.train_x.flags.writeable and not mapped.train_x.flags.owndata
+    for array in ("train_x", "train_y", "test_x", "test_y"):
+        ours, theirs = getattr(decoded, array), getattr(mapped, array)
+        # The same strides too: torch picks its kernels (and their rounding) by them.
+        assert ours.dtype == theirs.dtype and ours.strides == theirs.strides and np.array_equal(ours, theirs)
+    assert mapped.class_names == decoded.class_names
+    write_fake_mnist(tmp_path / "mnist", train=50)  # new files: decoded again, under another key
+    load_dataset.cache_clear()
+    assert load_dataset("mnist", tmp_path).train_x.shape == (50, 1, 28, 28)
+    assert len(list((tmp_path / "own-cache" / "decoded").glob("mnist-*"))) == 2 and copy.is_dir()
+
+
 def test_missing_idx_files_name_the_fix(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FedcondError, match=r"no mnist idx files.*data-dir"):

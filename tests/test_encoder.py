@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from fedcond import encoder
+from fedcond.cifar import cache_dir
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.scenarios import validate_without_data
@@ -21,7 +22,7 @@ def test_encoder_is_trained_once_cached_and_embeds_128d(tmp_path, monkeypatch):
     encoder.load_encoder.cache_clear()
     vectors = encoder.embed(np.random.default_rng(0).random((5, 3, 32, 32)), "fashion-mnist", tmp_path)
     assert vectors.shape == (5, 128) and np.all(np.isfinite(vectors))
-    (cached,) = (tmp_path / "cache").glob("encoder-fashion-mnist-*.pt")
+    (cached,) = cache_dir().glob("encoder-fashion-mnist-*.pt")
     encoder.load_encoder.cache_clear()
     monkeypatch.setattr(encoder, "train_encoder", lambda *args: pytest.fail("trained again despite the cache"))
     again = encoder.embed(np.random.default_rng(0).random((5, 3, 32, 32)), "fashion-mnist", tmp_path)

@@ -12,6 +12,7 @@ from clients.app import make_client_app
 from fedcond import aggregation as agg
 from fedcond import client_data
 from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
 from fedcond.models import build_run_model, get_weights
 from strategies.registry import run_config
 
@@ -91,6 +92,36 @@ def test_averaging_a_stream_of_models_equals_averaging_a_list():
     listed = agg.weighted_average(models, counts)
     streamed = agg.weighted_average((list(m) for m in models), counts)
     assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(listed, streamed, strict=True))
+
+
+def test_a_streamed_average_in_any_arrival_order_equals_the_listed_one():
+    rng = np.random.default_rng(11)
+    models = {k: [rng.standard_normal((4, 3)).astype(np.float32), np.array(7 + k, dtype=np.int64)] for k in range(6)}
+    counts = {0: 60, 1: 54, 2: 61, 3: 7, 4: 600, 5: 33}
+    listed = agg.weighted_average([models[k] for k in range(6)], [counts[k] for k in range(6)])
+    stream = agg.StreamingAverage({k: float(n) for k, n in counts.items()})
+    for key in [4, 1, 5, 0, 3, 2]:  # early arrivals wait for their turn
+        stream.add(key, models[key], counts[key])
+    assert stream.largest_backlog == 4  # 4, 1, 5 waited for 0; then 3 waited for 2
+    streamed = stream.result(counts)
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(listed, streamed, strict=True))
+
+
+def test_a_streamed_average_without_the_clients_that_failed_is_their_average():
+    rng = np.random.default_rng(12)
+    models = {k: [rng.standard_normal((4, 3)).astype(np.float32)] for k in range(5)}
+    counts = {k: float(10 + 5 * k) for k in range(5)}
+    stream = agg.StreamingAverage(counts)
+    stream.add(3, models[3], counts[3])
+    stream.withdraw(1)  # failed: 3 still waits for 0 and 2
+    stream.add(0, models[0], counts[0])
+    stream.add(4, models[4], counts[4])
+    answered = {k: counts[k] for k in (0, 3, 4)}  # 2 never came back and was never withdrawn
+    streamed = stream.result(answered)
+    expected = agg.weighted_average([models[k] for k in answered], list(answered.values()))
+    np.testing.assert_allclose(streamed[0], expected[0], rtol=1e-6, atol=1e-7)
+    with pytest.raises(FedcondError, match="disagree"):
+        agg.StreamingAverage(counts).result({0: 10.0})  # a reply the stream never saw
 
 
 def benchmark_module():

@@ -10,11 +10,13 @@ files included) before Flower starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -103,7 +105,19 @@ def run(
     # The ServerApp creates the run's folder: Flower's output waits beside it until then.
     folder.parent.mkdir(parents=True, exist_ok=True)
     log = folder.parent / f".{folder.name}.flower.log"
-    returncode = stream_filtered(command, environment, flwr_home, log)
+    # The convergence plot is drawn as soon as the ServerApp says it finished, while Flower shuts its
+    # processes down (about a second less at the end of every run).
+    plotted = threading.Event()
+
+    def plot_early() -> None:
+        with contextlib.suppress(Exception):  # else drawn at the end, where an error says what it is
+            draw_convergence_plot(folder)
+            plotted.set()
+
+    plotter = threading.Thread(target=plot_early, daemon=True)
+    returncode = stream_filtered(command, environment, flwr_home, log, on_finished=plotter.start)
+    if plotter.ident is not None:
+        plotter.join()
     if folder.is_dir():
         log = log.replace(flower_log_path(folder) if resuming else folder / FLOWER_LOG)
     reason = unfinished(folder, config.num_server_rounds)
@@ -111,7 +125,7 @@ def run(
         print(f"fedcond: error: the run did not finish (status: {reason}); Flower's output is in {log}",
               file=sys.stderr)  # fmt: skip
         return returncode or 1
-    print(closing_summary(folder), flush=True)
+    print(closing_summary(folder, plotted=plotted.is_set()), flush=True)
     return returncode
 
 
@@ -131,8 +145,15 @@ OWN_LINE = re.compile(r"^(fedcond:|round +\d+/\d+|scenario |  cluster |  samples
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def stream_filtered(command: Sequence[str], environment: dict[str, str], cwd: Path, log: Path) -> int:
-    """Run ``command``, every output line to ``log``, fedcond's own lines also to the terminal."""
+FINISHED_LINE = "fedcond: finished;"  # fedcond.history's last line of a run that finished
+
+
+def stream_filtered(
+    command: Sequence[str], environment: dict[str, str], cwd: Path, log: Path, on_finished: Callable[[], None] = list
+) -> int:
+    """Run ``command``, every output line to ``log``, fedcond's own lines also to the terminal;
+    ``on_finished`` is called once, when the ServerApp says the run finished."""
+    finished = False
     with log.open("w") as handle:
         process = subprocess.Popen(list(command), env=environment, cwd=cwd, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, errors="replace")  # fmt: skip
@@ -142,21 +163,30 @@ def stream_filtered(command: Sequence[str], environment: dict[str, str], cwd: Pa
             text = ANSI_ESCAPE.sub("", line).rstrip()
             if OWN_LINE.match(text):
                 print(text, flush=True)
+            if not finished and text.startswith(FINISHED_LINE):
+                finished = True
+                on_finished()
         return process.wait()
 
 
-def closing_summary(folder: Path) -> str:
-    """The final numbers, and ``convergence.png`` drawn from the run's history."""
+def draw_convergence_plot(folder: Path) -> None:
+    """``convergence.png`` from the run's history (nothing when it has no rounds)."""
     from fedcond.tools.experiment import read_history
     from fedcond.tools.report import convergence_plot
 
-    info = json.loads((folder / "run.json").read_text())
-    config = info["config"]
+    config = json.loads((folder / "run.json").read_text())["config"]
     history = read_history(folder / "history.csv")
     rows = [{**row, "method": config["method"], "seed": str(config["seed"])} for row in history]
     if rows:
         title = f"{config['method']} on {config['dataset']} {config['scenario']}, K={config['num-clusters']}"
         convergence_plot(rows, folder / "convergence.png", title)
+
+
+def closing_summary(folder: Path, plotted: bool = False) -> str:
+    """The final numbers, and ``convergence.png`` (unless ``plotted``: drawn already)."""
+    if not plotted:
+        draw_convergence_plot(folder)
+    info = json.loads((folder / "run.json").read_text())
     held = info.get("final_heldout_accuracy")
     return (
         f"fedcond: finished {info.get('rounds_completed')} rounds in {info.get('total_seconds') or 0:.0f} s: "
