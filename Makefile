@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/fedcond run $(ARGS)
 
-# Two test processes: many tests wait on Flower (heartbeats, polling), and the other one uses the core meanwhile.
+# Three test processes on two cores: many tests wait on Flower (heartbeats, polling) and the others use
+# the cores meanwhile (one process: 16 1/2 min; two: 12; three: 10 1/2, docs/performance.md).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 3
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
