@@ -90,7 +90,9 @@ def short_name(process: psutil.Process) -> str:
             return "?"
         if cmdline[0].startswith("ray::"):
             return cmdline[0]
-        words = [Path(cmdline[0]).name, *(word for word in cmdline[1:3] if not word.startswith("--"))]
+        # File names without their folders: the breakdown is compared between machines.
+        words = [Path(word).name if word.startswith("/") else word
+                 for word in cmdline[:3] if not word.startswith("--")]  # fmt: skip
         return " ".join(words)[:60]
     return "?"
 

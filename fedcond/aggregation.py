@@ -25,23 +25,20 @@ def weighted_average(models: Iterable[Model], weights: Sequence[float]) -> Model
     total = float(sum(weights))
     if not weights or total <= 0:
         raise FedcondError("nothing to average: no client returned a model with samples")
-    shares = np.asarray([weight / total for weight in weights])
-    result: Model = []
-    for index, (model, share) in enumerate(zip(models, shares, strict=True)):
-        if index == 0:
-            result = [_scaled(np.array(layer, copy=True), share) for layer in model]
-            continue
-        for layer, update in zip(result, model, strict=True):
-            np.add(layer, _scaled(np.array(update, copy=True), share), out=layer)
-    return result
+    # In key order nothing waits: the stream folds each model as it comes (StreamingAverage's rule).
+    expected = dict(enumerate(weights))
+    stream = StreamingAverage(expected)
+    for key, (model, weight) in enumerate(zip(models, weights, strict=True)):
+        stream.add(key, model, weight)
+    return stream.result(expected)
 
 
 class StreamingAverage:
-    """``weighted_average`` over models that arrive one at a time and in any order, holding only the
+    """The weighted average of models that arrive one at a time and in any order, holding only the
     running sum and the few models that came early: a round of 1,000 clients never holds 1,000 replies.
 
-    The numbers are those of ``weighted_average`` over the same models in key (partition) order:
-    models are folded in key order, each scaled by its weight's share of the ``expected`` total
+    ``weighted_average`` is this stream fed in key order. Models are folded in key (partition)
+    order, each scaled by its weight's share of the ``expected`` total
     (the server knows each client's training samples from its scenario), so a model whose turn has
     not come waits until every smaller key was folded or ``withdraw``-n (it failed). When the models
     that came back, or their weights, are not the expected ones, ``result`` rescales the sum to the

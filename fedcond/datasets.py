@@ -127,12 +127,18 @@ def _idx_folder_candidates(name: str, data_dir: Path | None) -> list[Path]:
     return candidates
 
 
+def _find_idx_folder(name: str, data_dir: Path | None) -> Path | None:
+    """The first candidate folder that holds all four idx files, if any."""
+    return next((folder for folder in _idx_folder_candidates(name, data_dir) if _has_idx_files(folder)), None)
+
+
 def _idx_source(name: str) -> Callable[[Path | None], str | None]:
     def source(data_dir: Path | None) -> str | None:
-        for folder in _idx_folder_candidates(name, data_dir if data_dir is None or data_dir.is_dir() else None):
-            if _has_idx_files(folder):
-                return _files_key(name, [folder / filename for filename in IDX_FILES.values()])
-        return None  # not here: load() says what is missing, or downloads
+        if data_dir is not None and not data_dir.is_dir():
+            return None  # load() says the folder does not exist (never a copy from another folder)
+        folder = _find_idx_folder(name, data_dir)
+        # None: not here, and load() says what is missing, or downloads.
+        return None if folder is None else _files_key(name, [folder / filename for filename in IDX_FILES.values()])
 
     return source
 
@@ -145,7 +151,10 @@ def _digits_source(_data_dir: Path | None) -> str:
 
 def _files_key(name: str, files: list[Path]) -> str:
     """``name`` plus a digest of where the files are, their sizes and modification times."""
-    described = [(str(file.resolve()), file.stat().st_size, file.stat().st_mtime_ns) for file in files]
+    described = []
+    for file in files:
+        stat = file.stat()
+        described.append((str(file.resolve()), stat.st_size, stat.st_mtime_ns))
     return f"{name}-{hashlib.sha256(repr(described).encode()).hexdigest()[:16]}"
 
 
@@ -171,9 +180,9 @@ def _locate_idx_folder(name: str, data_dir: Path | None) -> Path:
         raise FedcondError(
             f"data-dir {data_dir} does not exist; set data-dir to the folder holding the {name} idx .gz files"
         )
-    for folder in _idx_folder_candidates(name, data_dir):
-        if _has_idx_files(folder):
-            return folder
+    folder = _find_idx_folder(name, data_dir)
+    if folder is not None:
+        return folder
     if data_dir is not None:
         missing = ", ".join(IDX_FILES.values())
         raise FedcondError(

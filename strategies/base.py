@@ -83,17 +83,23 @@ class StrategyInputs:
     grid: Grid | None = None
 
     @property
-    def true_clusters(self) -> tuple[int, ...]:
-        """Partition id -> its true cluster, from the server's scenario (no client sends it)."""
+    def known_scenario(self) -> Scenario:
         if self.scenario is None:
             raise FedcondError("the strategy was built without the run's scenario; the ServerApp passes it")
-        return tuple(client.cluster for client in self.scenario.clients)
+        return self.scenario
+
+    @property
+    def true_clusters(self) -> tuple[int, ...]:
+        """Partition id -> its true cluster, from the server's scenario (no client sends it)."""
+        return tuple(client.cluster for client in self.known_scenario.clients)
+
+    def training_samples(self, partition_id: int) -> int:
+        """The training samples of ``partition_id``'s client, from the server's scenario."""
+        return len(self.known_scenario.clients[partition_id].train_indices)
 
     @property
     def largest_training_set(self) -> int:
-        if self.scenario is None:
-            raise FedcondError("the strategy was built without the run's scenario; the ServerApp passes it")
-        return max(len(client.train_indices) for client in self.scenario.clients if not client.held_out)
+        return max(len(client.train_indices) for client in self.known_scenario.clients if not client.held_out)
 
     def grid_for(self, purpose: str) -> Grid:
         if self.grid is None:
@@ -346,14 +352,11 @@ class FedcondStrategy(Strategy):
         )
         self.fit_stream = None
         if self.fold_fit_replies:
-            # Each client's expected weight is its training samples, from the server's own scenario.
-            clients = self.inputs.scenario.clients if self.inputs.scenario is not None else ()
-            expected = {proxy.partition_id: float(len(clients[proxy.partition_id].train_indices))
-                        for proxy, _ in instructions if isinstance(proxy, PartitionProxy)}  # fmt: skip
+            expected: dict[int, float] = {}
+            for proxy, _ in instructions:  # instruct made PartitionProxy objects only
+                expected[proxy.partition_id] = float(self.inputs.training_samples(proxy.partition_id))  # type: ignore[attr-defined]
+                proxy.on_fit_reply = self.fold_fit_reply  # type: ignore[attr-defined]
             self.fit_stream = StreamingAverage(expected)
-            for proxy, _ in instructions:
-                if isinstance(proxy, PartitionProxy):
-                    proxy.on_fit_reply = self.fold_fit_reply
         return instructions
 
     def fold_fit_reply(self, partition_id: int, res: FitRes | None) -> FitRes | None:

@@ -70,14 +70,13 @@ class PartitionProxy(ClientProxy):
             raise
 
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
-        if self.on_fit_reply is None:
-            return self._recorded(lambda: self.node.fit(ins, timeout, group_id), timeout)  # type: ignore[return-value]
         try:
             res = self._recorded(lambda: self.node.fit(ins, timeout, group_id), timeout)
         except Exception:
-            self.on_fit_reply(self.partition_id, None)
+            if self.on_fit_reply is not None:
+                self.on_fit_reply(self.partition_id, None)
             raise
-        return self.on_fit_reply(self.partition_id, res)  # type: ignore[arg-type,return-value]
+        return res if self.on_fit_reply is None else self.on_fit_reply(self.partition_id, res)  # type: ignore[arg-type,return-value]
 
     def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
         return self._recorded(lambda: self.node.evaluate(ins, timeout, group_id), timeout)  # type: ignore[return-value]

@@ -69,6 +69,8 @@ def test_missing_idx_files_name_the_fix(tmp_path):
 def test_missing_data_dir_names_the_fix(tmp_path):
     with pytest.raises(FedcondError, match="does not exist"):
         load_dataset("fashion-mnist", tmp_path / "nowhere")
+    # Never a cached copy of another folder's files (Debian's) in its place.
+    assert dataset_spec("fashion-mnist").source(tmp_path / "nowhere") is None
 
 
 def test_truncated_file_is_reported(tmp_path):

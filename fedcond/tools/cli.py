@@ -149,7 +149,11 @@ FINISHED_LINE = "fedcond: finished;"  # fedcond.history's last line of a run tha
 
 
 def stream_filtered(
-    command: Sequence[str], environment: dict[str, str], cwd: Path, log: Path, on_finished: Callable[[], None] = list
+    command: Sequence[str],
+    environment: dict[str, str],
+    cwd: Path,
+    log: Path,
+    on_finished: Callable[[], None] | None = None,
 ) -> int:
     """Run ``command``, every output line to ``log``, fedcond's own lines also to the terminal;
     ``on_finished`` is called once, when the ServerApp says the run finished."""
@@ -163,7 +167,7 @@ def stream_filtered(
             text = ANSI_ESCAPE.sub("", line).rstrip()
             if OWN_LINE.match(text):
                 print(text, flush=True)
-            if not finished and text.startswith(FINISHED_LINE):
+            if on_finished is not None and not finished and text.startswith(FINISHED_LINE):
                 finished = True
                 on_finished()
         return process.wait()
