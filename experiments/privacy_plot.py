@@ -66,6 +66,21 @@ def read_results(out: Path) -> list[Result]:
     return results
 
 
+def unfinished_runs(out: Path) -> list[str]:
+    """One line per run under ``OUT/runs`` that did not finish, with how it ended (a run stopped by
+    its privacy checks is a result too: client-level DP at epsilon 1 stops when clients diverge)."""
+    lines = []
+    for folder in sorted((out / "runs").iterdir()):
+        status = run_status(folder)
+        if status == "missing":
+            lines.append(f"- `{folder.name}`: not run")
+        elif status != "finished":
+            rounds = json.loads((folder / "run.json").read_text()).get("rounds_completed")
+            after = f" after {rounds} round{'' if rounds == 1 else 's'}" if rounds is not None else ""
+            lines.append(f"- `{folder.name}`{after}: {status}")
+    return lines
+
+
 def table(results: list[Result]) -> str:
     baseline = {(r.method, r.secure): r.accuracy for r in results if r.mechanism == "none"}
     lines = [
@@ -90,7 +105,7 @@ def figure(results: list[Result], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axis = plt.subplots(figsize=(8, 5))
+    fig, axis = plt.subplots(figsize=(11, 5))
     colours = {method: f"C{index}" for index, method in enumerate(sorted({r.method for r in results}))}
     markers = {"client-level DP": "s", "DP-SGD + DP fingerprint": "o", "DP-SGD": "^"}
     lines: dict[tuple[str, str, bool], list[Result]] = defaultdict(list)
@@ -109,10 +124,14 @@ def figure(results: list[Result], path: Path) -> None:
             linestyle="--" if secure else "-", label=f"{method}, {mechanism}{', SecAgg+' if secure else ''}",
         )  # fmt: skip
     axis.set_xscale("log")
+    # Ticks at the epsilons that ran (1, 3, 8), in plain numbers rather than powers of ten.
+    ticks = sorted({float(f"{r.epsilon:.2g}") for r in results if math.isfinite(r.epsilon)})  # 7.99 and 8: one
+    axis.set_xticks(ticks, [f"{tick:g}" for tick in ticks])
+    axis.minorticks_off()
     axis.set_xlabel("epsilon (delta 1e-5; client level or the worst-off client's sample level)")
     axis.set_ylabel("final accuracy")
     axis.set_title("Accuracy against epsilon (horizontal lines: no DP)")
-    axis.legend(fontsize=7, loc="best")
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the lines, not on them
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -127,9 +146,11 @@ def main() -> None:
     results = read_results(args.out)
     if not results:
         sys.exit(f"no finished run under {args.out / 'runs'}")
-    (args.out / "privacy.md").write_text("# Accuracy against epsilon\n\n![privacy](privacy.png)\n\n" + table(results))
+    unfinished = unfinished_runs(args.out)
+    text = table(results) + ("\nRuns that did not finish:\n\n" + "\n".join(unfinished) + "\n" if unfinished else "")
+    (args.out / "privacy.md").write_text("# Accuracy against epsilon\n\n![privacy](privacy.png)\n\n" + text)
     figure(results, args.out / "privacy.png")
-    print(table(results), end="")
+    print(text, end="")
     print(f"written: {args.out / 'privacy.md'}, {args.out / 'privacy.png'}")
 
 

@@ -15,6 +15,7 @@ from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.models import build_run_model, get_weights
 from strategies.registry import run_config
+from tests.scripts import load_script
 
 
 def federated_rounds(method: str, order: list[int], rounds: int = 2) -> list[tuple]:
@@ -126,16 +127,7 @@ def test_a_streamed_average_without_the_clients_that_failed_is_their_average():
 
 def benchmark_module():
     """benchmarks/overhead.py, which is a script rather than part of the package."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "overhead.py"
-    spec = importlib.util.spec_from_file_location("overhead_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/overhead.py")
 
 
 def test_the_bare_loop_averages_and_shuffles_as_the_framework_does():

@@ -39,6 +39,7 @@ from strategies.base import EMPTY, StrategyInputs
 from strategies.client_dp import ServerSideClientDp
 from strategies.fedavg import FedcondFedAvg
 from strategies.registry import check_run, run_config
+from tests.scripts import load_script
 
 # Two clusters of one client each on digits, one local epoch: ~70 training samples per client.
 SMALL = {"num-clusters": 2, "clients-per-cluster": 1, "local-epochs": 1}
@@ -447,3 +448,53 @@ def test_the_clipping_mod_clips_where_the_server_asks_and_passes_client_errors_o
     assert all(np.array_equal(a, b) for a, b in zip(untouched, update, strict=True))
     failed = client_dp_clipping_mod(instruction({KEY_CLIPPING_NORM: 1.0}), context, client([], {ERROR: "no data"}))
     assert compat.recorddict_to_fitres(failed.content, keep_input=True).metrics[ERROR] == "no data"
+
+
+def test_the_privacy_plot_reads_each_mechanisms_epsilon_and_lists_the_runs_that_stopped(tmp_path):
+    plot = load_script("experiments/privacy_plot.py")
+
+    def write_run(name: str, config: dict[str, object], rows: list[dict[str, object]], **info: object) -> None:
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps({"config": config, **info}))
+        with (folder / "history.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=["round", "accuracy", "epsilon"])
+            writer.writeheader()
+            writer.writerows(rows)
+
+    plain = {"method": "fedavg"}
+    write_run(
+        "plain",
+        plain,
+        [{"round": 1, "accuracy": 0.5, "epsilon": ""}, {"round": 2, "accuracy": 0.6, "epsilon": ""}],
+        status="finished",
+    )
+    dp_sgd = {**plain, "dp-noise-multiplier": 1.2}
+    write_run("dp-sgd", dp_sgd, [{"round": 2, "accuracy": 0.45, "epsilon": 7.9}], status="finished")
+    client = {**plain, "client-dp": "client-side", "secure-aggregation": "secaggplus"}
+    privacy_info = {"client_level": {"epsilon_by_round": [12.0, 8.0]}}
+    write_run("client", client, [{"round": 2, "accuracy": 0.2, "epsilon": ""}], status="finished", privacy=privacy_info)
+    write_run(
+        "stopped",
+        client,
+        [{"round": 1, "accuracy": 0.1, "epsilon": ""}],
+        status="failed",
+        error="loss became nan",
+        rounds_completed=1,
+    )
+    (tmp_path / "runs" / "not-yet").mkdir()
+
+    results = {r.run: r for r in plot.read_results(tmp_path)}
+    assert set(results) == {"plain", "dp-sgd", "client"}
+    assert math.isinf(results["plain"].epsilon) and results["plain"].accuracy == 0.6
+    assert results["dp-sgd"].epsilon == 7.9 and results["dp-sgd"].mechanism == "DP-SGD"
+    assert results["client"].epsilon == 8.0 and results["client"].secure
+    table = plot.table(list(results.values()))
+    assert "| fedavg | DP-SGD | off | 7.9 | 0.4500 | -0.150 | `dp-sgd` |" in table
+    # SecAgg+ without DP was not run: the change is from the plain run.
+    assert "| fedavg | client-level DP (client-side) | on | 8 | 0.2000 | -0.400 | `client` |" in table
+    assert plot.unfinished_runs(tmp_path) == [
+        "- `not-yet`: not run", "- `stopped` after 1 round: failed: loss became nan",
+    ]  # fmt: skip
+    plot.figure(list(results.values()), tmp_path / "privacy.png")
+    assert (tmp_path / "privacy.png").stat().st_size > 0
