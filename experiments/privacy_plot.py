@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedcond.history import run_status
+from fedcond.tools.experiment import EXPERIMENT_FILE, failed_runs, load_experiment, runs_not_started
 
 
 @dataclass(frozen=True)
@@ -67,18 +68,16 @@ def read_results(out: Path) -> list[Result]:
 
 
 def unfinished_runs(out: Path) -> list[str]:
-    """One line per run under ``OUT/runs`` that did not finish, with how it ended (a run stopped by
-    its privacy checks is a result too: client-level DP at epsilon 1 stops when clients diverge)."""
-    lines = []
-    for folder in sorted((out / "runs").iterdir()):
-        status = run_status(folder)
-        if status == "missing":
-            lines.append(f"- `{folder.name}`: not run")
-        elif status != "finished":
-            rounds = json.loads((folder / "run.json").read_text()).get("rounds_completed")
-            after = f" after {rounds} round{'' if rounds == 1 else 's'}" if rounds is not None else ""
-            lines.append(f"- `{folder.name}`{after}: {status}")
-    return lines
+    """One line per grid point of the sweep that did not finish, in run-name order: the runs that
+    stopped, with their rounds and reasons (client-level DP at epsilon 1 stops when clients
+    diverge: a result too), and those never started."""
+    experiment = load_experiment(out)
+    endings = {name: ": not run" for name in runs_not_started(experiment, out)}
+    for name, status in failed_runs(experiment, out):
+        rounds = json.loads((out / "runs" / name / "run.json").read_text()).get("rounds_completed")
+        after = f" after {rounds} round{'' if rounds == 1 else 's'}" if rounds is not None else ""
+        endings[name] = f"{after}: {status}"
+    return [f"- `{name}`{ending}" for name, ending in sorted(endings.items())]
 
 
 def table(results: list[Result]) -> str:
@@ -141,8 +140,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="the sweep's --out folder")
     args = parser.parse_args()
-    if not (args.out / "runs").is_dir():
-        sys.exit(f"{args.out} has no runs/ folder; give a fedcond sweep --out folder")
+    if not (args.out / "runs").is_dir() or not (args.out / EXPERIMENT_FILE).is_file():
+        sys.exit(f"{args.out} has no runs/ folder or {EXPERIMENT_FILE}; give a fedcond sweep --out folder")
     results = read_results(args.out)
     if not results:
         sys.exit(f"no finished run under {args.out / 'runs'}")

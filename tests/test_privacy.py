@@ -34,6 +34,7 @@ from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import ERROR
 from fedcond.models import build_model, build_run_model, get_weights
+from fedcond.tools.experiment import Experiment, record_experiment
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, train, train_private
 from strategies.base import EMPTY, StrategyInputs
 from strategies.client_dp import ServerSideClientDp
@@ -452,9 +453,16 @@ def test_the_clipping_mod_clips_where_the_server_asks_and_passes_client_errors_o
 
 def test_the_privacy_plot_reads_each_mechanisms_epsilon_and_lists_the_runs_that_stopped(tmp_path):
     plot = load_script("experiments/privacy_plot.py")
+    plain = {"method": "fedavg"}
+    dp_sgd = {**plain, "dp-noise-multiplier": 1.2}
+    client = {**plain, "client-dp": "client-side", "secure-aggregation": "secaggplus"}
+    # The sweep's grid: five points, of which "not-yet" never started (it has no folder).
+    bundles = [{"label": "plain", **plain}, {"label": "dp-sgd", **dp_sgd}, {"label": "client", **client},
+               {"label": "stopped", **client}, {"label": "not-yet", **plain}]  # fmt: skip
+    record_experiment(Experiment({}, {"method": bundles}), tmp_path)
 
     def write_run(name: str, config: dict[str, object], rows: list[dict[str, object]], **info: object) -> None:
-        folder = tmp_path / "runs" / name
+        folder = tmp_path / "runs" / f"method-{name}"
         folder.mkdir(parents=True)
         (folder / "run.json").write_text(json.dumps({"config": config, **info}))
         with (folder / "history.csv").open("w", newline="") as handle:
@@ -462,16 +470,13 @@ def test_the_privacy_plot_reads_each_mechanisms_epsilon_and_lists_the_runs_that_
             writer.writeheader()
             writer.writerows(rows)
 
-    plain = {"method": "fedavg"}
     write_run(
         "plain",
         plain,
         [{"round": 1, "accuracy": 0.5, "epsilon": ""}, {"round": 2, "accuracy": 0.6, "epsilon": ""}],
         status="finished",
     )
-    dp_sgd = {**plain, "dp-noise-multiplier": 1.2}
     write_run("dp-sgd", dp_sgd, [{"round": 2, "accuracy": 0.45, "epsilon": 7.9}], status="finished")
-    client = {**plain, "client-dp": "client-side", "secure-aggregation": "secaggplus"}
     privacy_info = {"client_level": {"epsilon_by_round": [12.0, 8.0]}}
     write_run("client", client, [{"round": 2, "accuracy": 0.2, "epsilon": ""}], status="finished", privacy=privacy_info)
     write_run(
@@ -482,19 +487,18 @@ def test_the_privacy_plot_reads_each_mechanisms_epsilon_and_lists_the_runs_that_
         error="loss became nan",
         rounds_completed=1,
     )
-    (tmp_path / "runs" / "not-yet").mkdir()
 
-    results = {r.run: r for r in plot.read_results(tmp_path)}
+    results = {r.run.removeprefix("method-"): r for r in plot.read_results(tmp_path)}
     assert set(results) == {"plain", "dp-sgd", "client"}
     assert math.isinf(results["plain"].epsilon) and results["plain"].accuracy == 0.6
     assert results["dp-sgd"].epsilon == 7.9 and results["dp-sgd"].mechanism == "DP-SGD"
     assert results["client"].epsilon == 8.0 and results["client"].secure
     table = plot.table(list(results.values()))
-    assert "| fedavg | DP-SGD | off | 7.9 | 0.4500 | -0.150 | `dp-sgd` |" in table
+    assert "| fedavg | DP-SGD | off | 7.9 | 0.4500 | -0.150 | `method-dp-sgd` |" in table
     # SecAgg+ without DP was not run: the change is from the plain run.
-    assert "| fedavg | client-level DP (client-side) | on | 8 | 0.2000 | -0.400 | `client` |" in table
+    assert "| fedavg | client-level DP (client-side) | on | 8 | 0.2000 | -0.400 | `method-client` |" in table
     assert plot.unfinished_runs(tmp_path) == [
-        "- `not-yet`: not run", "- `stopped` after 1 round: failed: loss became nan",
+        "- `method-not-yet`: not run", "- `method-stopped` after 1 round: failed: loss became nan",
     ]  # fmt: skip
     plot.figure(list(results.values()), tmp_path / "privacy.png")
     assert (tmp_path / "privacy.png").stat().st_size > 0
