@@ -185,8 +185,9 @@ def load_partition_file(path: Path, config: RunConfig, partition_id: int) -> Cli
         )
     stored_settings = json.loads(str(arrays["settings"]))
     wanted = split_settings(config)
-    differing = [f"{key} {stored_settings.get(key)!r} vs {wanted[key]!r}" for key in SPLIT_KEYS
-                 if stored_settings.get(key) != wanted[key]]  # fmt: skip
+    extra = sorted((stored_settings.keys() | wanted.keys()) - set(SPLIT_KEYS))  # a reserved encoder's
+    differing = [f"{key} {stored_settings.get(key)!r} vs {wanted.get(key)!r}" for key in (*SPLIT_KEYS, *extra)
+                 if stored_settings.get(key) != wanted.get(key)]  # fmt: skip
     if differing:
         raise FedcondError(f"{path} was exported for another split ({'; '.join(differing)}); {fix}")
     check_partition_arrays(arrays, config, f"{path}", fix)

@@ -140,3 +140,60 @@ def test_cifar_network_shapes():
     assert model.classifier[0].in_features == 4096 + 32 and model.classifier[0].out_features == 256
     assert model(torch.zeros(4, 3, 32, 32), torch.zeros(1, 32)).shape == (4, 10)
     assert any(isinstance(layer, torch.nn.BatchNorm2d) for layer in model.features)
+
+
+def test_combined_with_four_covariate_clusters_leaves_the_fourth_one_class(cifar10_dir):
+    """C = 4: each label's 3 or 4 subclasses cut 4 ways; the fourth cluster of a group gets the
+    fourth subclass of its 4-subclass label only (truck, in both groups), as numpy's array_split leaves it."""
+    config = RunConfig(dataset="cifar10", scenario="combined", num_clusters=8, covariate_clusters=4,
+                       clients_per_cluster=1, data_dir=str(cifar10_dir))  # fmt: skip
+    scenario = build_scenario(config)
+    dataset = load_dataset("cifar10", cifar10_dir)
+    seen = [{CIFAR10_CLASSES[c] for c in dataset.train_y[client.train_indices]} for client in scenario.clients]
+    assert seen[3] == seen[7] == {"truck"}
+    assert all(len(classes) == 3 for classes in seen[:3] + seen[4:7])
+    with pytest.raises(FedcondError, match=r"covariate-clusters 1\.\.4"):
+        build_scenario(config.replace(num_clusters=10, covariate_clusters=5))
+
+
+def test_a_reserved_encoder_learns_from_images_no_client_holds(cifar10_dir, monkeypatch):
+    """fingerprint-encoder=cifar10-reserved: a fifth of every class is held back from every client
+    and is exactly what the encoder trains on; every other encoder leaves the split as it was."""
+    from fedcond import encoder
+
+    dataset = load_dataset("cifar10", cifar10_dir)
+    reserved = encoder.reserved_train_indices(dataset.train_y)
+    assert np.bincount(dataset.train_y[reserved]).tolist() == [2] * 10  # round(12 * 0.2) per class
+    for scenario_settings in ({"scenario": "label-shift", "num_clusters": 2},
+                              {"scenario": "combined", "num_clusters": 4, "covariate_clusters": 2}):  # fmt: skip
+        config = RunConfig(dataset="cifar10", clients_per_cluster=2, data_dir=str(cifar10_dir), **scenario_settings)
+        plain = build_scenario(config)
+        held = build_scenario(config.replace(fingerprint_encoder="cifar10-reserved"))
+        held_train = np.concatenate([client.train_indices for client in held.clients])
+        assert not np.isin(held_train, reserved).any()
+        plain_train = np.concatenate([client.train_indices for client in plain.clients])
+        assert len(held_train) == len(plain_train) - len(reserved)
+        unchanged = build_scenario(config.replace(fingerprint_encoder="cifar100"))
+        pairs = zip(plain.clients, unchanged.clients, strict=True)
+        assert all(np.array_equal(a.train_indices, b.train_indices) for a, b in pairs)
+    trained_on = []
+    monkeypatch.setitem(encoder.RESERVED_SETTINGS, "epochs", 1)
+    original = encoder.as_rgb32
+    monkeypatch.setattr(encoder, "as_rgb32", lambda images: trained_on.append(len(images)) or original(images))
+    encoder.load_encoder.cache_clear()
+    encoder.load_encoder("cifar10-reserved", cifar10_dir)
+    assert sum(trained_on) == len(reserved)  # one epoch over the reserved images, nothing else
+
+
+def test_reserved_encoder_splits_are_recorded_and_partition_files_checked(cifar10_dir, tmp_path):
+    from fedcond.client_data import export_partitions, load_partition_file
+    from fedcond.scenarios import split_settings
+
+    config = RunConfig(dataset="cifar10", num_clusters=2, clients_per_cluster=2, data_dir=str(cifar10_dir))
+    assert "fingerprint-encoder" not in split_settings(config)  # older partition files stay valid
+    reserved = config.replace(fingerprint_encoder="cifar10-reserved")
+    assert split_settings(reserved)["fingerprint-encoder"] == "cifar10-reserved"
+    (path, *_) = export_partitions(reserved, tmp_path / "partitions")
+    assert load_partition_file(path, reserved, 0).train_x.shape[0] > 0
+    with pytest.raises(FedcondError, match="fingerprint-encoder 'cifar10-reserved' vs None"):
+        load_partition_file(path, config, 0)

@@ -41,3 +41,11 @@ def test_encoder_is_trained_once_cached_and_embeds_128d(tmp_path, monkeypatch):
 def test_encoder_must_come_from_data_no_client_holds(settings, message):
     with pytest.raises(FedcondError, match=message):
         validate_without_data(RunConfig(**settings))
+
+
+def test_a_reserved_part_of_the_clients_own_dataset_is_allowed_and_named_in_the_refusal():
+    validate_without_data(RunConfig(dataset="cifar10", fingerprint_encoder="cifar10-reserved"))
+    with pytest.raises(FedcondError, match="or cifar10-reserved"):
+        validate_without_data(RunConfig(dataset="cifar10", fingerprint_encoder="cifar10"))
+    with pytest.raises(FedcondError, match="unknown fingerprint-encoder 'imagenet-reserved'"):
+        validate_without_data(RunConfig(dataset="cifar10", fingerprint_encoder="imagenet-reserved"))
