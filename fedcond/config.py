@@ -56,6 +56,9 @@ class RunConfig:
     # What each client computes (fedcond.fingerprint.FINGERPRINTS) and how the model uses it.
     fingerprint: str = "eigen"
     conditioning: str = "concat"
+    # Units of the FC hidden layer; 0: the paper's (128 for 28x28 images and digits, 256 for CIFAR).
+    # For size-matched controls: a wider concat network with as many parameters as another mechanism's.
+    hidden_units: int = 0
     # Extra clients per cluster that never train, only evaluate the shared model each round.
     held_out_clients: int = 0
     seed: int = 0
@@ -117,9 +120,10 @@ class RunConfig:
         for key, value in positive.items():
             if value < 1:
                 raise FedcondError(f"{key} must be at least 1 (got {value})")
-        for key, value in {"local-epochs": self.local_epochs, "batch-size": self.batch_size}.items():
+        defaults = {"local-epochs": self.local_epochs, "batch-size": self.batch_size, "hidden-units": self.hidden_units}
+        for key, value in defaults.items():
             if value < 0:
-                raise FedcondError(f"{key} must be 0 (dataset default) or positive (got {value})")
+                raise FedcondError(f"{key} must be 0 (the default) or positive (got {value})")
         if self.held_out_clients < 0:
             raise FedcondError(f"held-out-clients must be 0 or more per cluster (got {self.held_out_clients})")
         if not 0 < self.data_fraction <= 1:

@@ -264,3 +264,22 @@ def test_the_sparse_column_is_met_by_25_clients_per_cluster_with_a_note():
     assert any("caption says 20" in note for note in match.notes)
     assert not any("caption" in note for note in lookup(ours(num_clusters="2", clients_per_cluster="20")).notes)
     assert not lookup(ours(num_clusters="2", clients_per_cluster="30")).found
+
+
+@pytest.mark.parametrize("profile", [None, "mnist"])
+def test_the_parameter_matched_controls_are_the_recommended_variants_size(profile, tmp_path):
+    """Every conditioned control of parameter-matched.toml is within 0.5% of recommended's parameters."""
+    from fedcond.datasets import dataset_spec
+    from fedcond.models import build_run_model, count_parameters
+    from fedcond.tools.experiment import plan, read_grid_file
+
+    grid = Path(__file__).resolve().parents[1] / "experiments" / "grids" / "parameter-matched.toml"
+    sizes = {}
+    for run in plan(read_grid_file(grid, profile), {}, tmp_path):
+        if run.config.method == "conditional":
+            classes = dataset_spec(run.config.dataset).num_classes
+            sizes[run.labels["method"]] = count_parameters(build_run_model(run.config, classes, conditioned=True))
+    target = sizes.pop("recommended")
+    assert set(sizes) == {"conditional", "hyper-random-id", "concat-wide", "class-mean-concat-wide"}
+    assert sizes.pop("conditional") < target / 1.05  # the paper's own network is the smaller one
+    assert all(abs(size - target) / target < 0.005 for size in sizes.values()), (target, sizes)

@@ -164,11 +164,10 @@ def read_grid_file(path: Path, profile: str | None = None) -> Experiment:
         raise FedcondError(f"no grid file {path}; see experiments/README.md for the ones that exist") from None
     except tomllib.TOMLDecodeError as error:
         raise FedcondError(f"{path} is not valid TOML ({error}); fix the file") from None
-    unknown = set(data) - {"title", "paper", "paper-tables", "settings", "grid", "table", "profiles"}
+    known = ("title", "paper", "paper-tables", "settings", "grid", "table", "profiles")
+    unknown = set(data) - set(known)
     if unknown:
-        raise FedcondError(
-            f"{path}: unknown sections {sorted(unknown)}; use title, paper, paper-tables, settings, grid, table, profiles"
-        )
+        raise FedcondError(f"{path}: unknown sections {sorted(unknown)}; use {', '.join(known)}")
     settings = dict(data.get("settings", {}))
     axes = {key: value if isinstance(value, list) else [value] for key, value in data.get("grid", {}).items()}
     profiles = data.get("profiles", {})
