@@ -49,3 +49,20 @@ def test_a_reserved_part_of_the_clients_own_dataset_is_allowed_and_named_in_the_
         validate_without_data(RunConfig(dataset="cifar10", fingerprint_encoder="cifar10"))
     with pytest.raises(FedcondError, match="unknown fingerprint-encoder 'imagenet-reserved'"):
         validate_without_data(RunConfig(dataset="cifar10", fingerprint_encoder="imagenet-reserved"))
+
+
+def test_the_encoder_choice_scores_tell_separated_clusters_from_mixed_ones():
+    """experiments/encoder_choice.py: clusters far apart score 1 on every measure; fingerprints that
+    carry no cluster (noise) score about chance."""
+    from tests.scripts import load_script
+
+    scores = load_script("experiments/encoder_choice.py").scores
+    rng = np.random.default_rng(0)
+    clusters = np.repeat(np.arange(4), 10)
+    concepts = clusters // 2
+    centres = rng.normal(size=(4, 32)) * 10
+    separated = scores(centres[clusters] + rng.normal(size=(40, 32)), clusters, concepts)
+    assert separated["1-NN cluster"] == separated["1-NN concept"] == 1.0 and separated["k-means ARI"] == 1.0
+    assert separated["between / within"] > 3
+    noise = scores(rng.normal(size=(40, 32)), clusters, concepts)
+    assert noise["1-NN cluster"] < 0.5 and noise["k-means ARI"] < 0.2 and noise["between / within"] < 1.1
