@@ -45,6 +45,9 @@ class Method:
     conditioned: bool = False
     #: "federated" (Flower rounds) or "pooled" (the paper's centralised protocol, ``fedcond.pooled``).
     protocol: str = "federated"
+    #: A named variant: the method it runs (``variant_of``) and the settings it fixes on top of it.
+    variant_of: str = ""
+    fixed_settings: tuple[tuple[str, Any], ...] = ()
 
     @property
     def options(self) -> tuple[Option, ...]:
@@ -70,6 +73,12 @@ def registry() -> dict[str, Method]:
     methods = (
         Method("fedavg", "one global backbone CNN, FedAvg over all clients", FedcondClient, FedcondFedAvg),
         Method("conditional", "one global CNN fed each client's fingerprint", FedcondClient, FedcondFedAvg, True),
+        # Not the paper's method: a named variant of it (docs/instability.md), never swapped in silently.
+        Method(
+            "recommended", "conditional with a label-aware fingerprint generating the output layer",
+            FedcondClient, FedcondFedAvg, True, variant_of="conditional",
+            fixed_settings=(("fingerprint", "class-mean"), ("conditioning", "hyper")),
+        ),
         Method("local", "each client trains only its own model", LocalClient, LocalStrategy),
         Method("oracle", "FedAvg within each true cluster (reference)", FedcondClient, OracleStrategy),
         Method("ifca", "K models, each client trains its lowest-loss one", IfcaClient, IfcaStrategy),
@@ -104,20 +113,47 @@ def declared_options() -> tuple[Option, ...]:
     return tuple(unique.values())
 
 
-def run_config(mapping: Mapping[str, Any]) -> RunConfig:
-    """A run configuration from run-config keys, the methods' own options included."""
-    return RunConfig.from_mapping(mapping, declared_options())
+def run_config(mapping: Mapping[str, Any], explicit: Mapping[str, Any] | None = None) -> RunConfig:
+    """A run configuration from run-config keys, the methods' own options and a named variant's
+    fixed settings included; ``explicit`` are the keys the user gave (the rest are defaults)."""
+    return RunConfig.from_mapping(with_variant_settings(mapping, explicit), declared_options())
+
+
+def with_variant_settings(mapping: Mapping[str, Any], explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``mapping`` with the settings its method fixes, if it names a variant (``method=recommended``).
+
+    A setting the user gave (``explicit``) with another value is refused: the run would not be the
+    variant its name says. Where only the merged run config is known (Flower's, which holds every
+    key), a setting at its default takes the variant's value and any other value is refused.
+    """
+    method = registry().get(str(mapping.get("method", RunConfig.method)))
+    if method is None or not method.fixed_settings:
+        return dict(mapping)
+    defaults = RunConfig().to_mapping()
+    for key, value in method.fixed_settings:
+        given = mapping.get(key, value)
+        allowed = (value,) if explicit is not None and key in explicit else (value, defaults[key])
+        if given not in allowed:
+            raise FedcondError(
+                f"method={method.name} is {method.variant_of} with {key}={value}; drop {key}={given}, "
+                f"or use method={method.variant_of} to choose {key} yourself"
+            )
+    return {**mapping, **dict(method.fixed_settings)}
 
 
 def method_names(selection: str) -> list[str]:
-    """``all``: every federated method (the paper's comparison); ``pooled``: the pooled reference family."""
+    """``all``: every federated method of the paper's comparison; ``variants``: our named variants;
+    ``pooled``: the pooled reference family."""
+    if selection == "variants":
+        return [name for name, method in registry().items() if method.variant_of]
     protocol = "pooled" if selection == "pooled" else "federated"
-    return [name for name, method in registry().items() if method.protocol == protocol]
+    return [name for name, method in registry().items() if method.protocol == protocol and not method.variant_of]
 
 
 def held_out_methods() -> list[str]:
-    """Federated methods under which a client that never trains has a model to evaluate."""
-    return [name for name in method_names("all") if registry()[name].serves_held_out_clients]
+    """Federated methods (variants too) under which a client that never trains has a model to evaluate."""
+    names = [*method_names("all"), *method_names("variants")]
+    return [name for name in names if registry()[name].serves_held_out_clients]
 
 
 def federated(method: Method) -> tuple[type[FedcondClient], type[FedcondStrategy]]:

@@ -113,13 +113,21 @@ def test_missing_experiment_file_is_reported(capsys):
     assert "no experiment file" in capsys.readouterr().err
 
 
-def test_recommended_configuration_combines_with_any_experiment():
-    """It must not pin a dataset or scenario (grids and --config runs add them), and must stay conditional."""
-    from fedcond.tools.flwr_commands import read_override_file, read_overrides
+def test_a_named_variant_is_a_method_name_that_fixes_its_settings(tmp_path, capsys):
+    """method=recommended is conditional with class-mean + hyper wherever a method name goes; a
+    setting it fixes given another value is refused in one line, a default one takes its value."""
+    from fedcond.tools.experiment import expand_methods
+    from fedcond.tools.flwr_commands import default_config
+    from strategies.registry import get_method, run_config
 
-    path = str(Path(__file__).resolve().parents[1] / "experiments" / "recommended.toml")
-    recommended = read_override_file(path)
-    assert not {"dataset", "scenario", "num-clusters", "data-fraction"} & set(recommended)
-    assert recommended == {"method": "conditional", "fingerprint": "class-mean", "conditioning": "hyper"}
-    merged = read_overrides(["dataset=mnist", "scenario=concept-permutation"], path)
-    assert merged["dataset"] == "mnist" and merged["conditioning"] == "hyper"
+    config = run_config({**default_config(), "method": "recommended"})  # Flower's merged run config
+    assert (config.method, config.fingerprint, config.conditioning) == ("recommended", "class-mean", "hyper")
+    assert (
+        get_method("recommended").conditioned and get_method("recommended").client is get_method("conditional").client
+    )
+    assert "recommended" not in expand_methods("all") and expand_methods("variants") == ["recommended"]
+    assert main(["run", "method=recommended", "fingerprint=eigen"]) == 2
+    assert "drop fingerprint=eigen, or use method=conditional" in capsys.readouterr().err
+    out = tmp_path / "cmp"
+    assert main(["compare", "--methods", "fedavg,recommended", "--out", str(out), "--dry-run"]) == 0
+    assert "method-recommended_seed-0" in capsys.readouterr().out

@@ -76,7 +76,7 @@ def run(
 
         folder = run_folder(overrides)
         try:
-            run_pooled(run_config({**default_config(), **overrides}))
+            run_pooled(run_config({**default_config(), **overrides}, overrides))
         except FedcondError:
             raise  # main prints it as one line
         except Exception:  # recorded (run.json failed, traceback.txt beside it): one line here
@@ -338,7 +338,9 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
     compare_parser.add_argument("--num-clusters", type=int, metavar="K")
     compare_parser.add_argument("--clients-per-cluster", type=int, metavar="N")
     compare_parser.add_argument("--rounds", type=int, metavar="R", help="federated rounds (num-server-rounds)")
-    compare_parser.add_argument("--methods", default="all", help="comma-separated method names, or all (default)")
+    compare_parser.add_argument(
+        "--methods", default="all", help="comma-separated method names, or all (default), variants, pooled"
+    )
     compare_parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     compare_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
     compare_parser.add_argument("--title", help="title of summary.md and the plot")
@@ -419,7 +421,12 @@ def list_choices() -> int:
     from fedcond.scenarios import SCENARIOS
     from strategies.registry import registry
 
-    print("methods:   " + ", ".join(f"{name} ({method.summary})" for name, method in registry().items()))
+    methods = registry().values()
+    print("methods:   " + ", ".join(f"{m.name} ({m.summary})" for m in methods if not m.variant_of))
+    print("variants:  " + ", ".join(
+        f"{m.name} (= {m.variant_of} with " + " ".join(f"{key}={value}" for key, value in m.fixed_settings) + ")"
+        for m in methods if m.variant_of
+    ))  # fmt: skip
     print("datasets:  " + ", ".join(DATASETS))
     print("scenarios: " + ", ".join(SCENARIOS))
     print("fingerprints: " + ", ".join(FINGERPRINTS) + "; conditionings: " + ", ".join(CONDITIONINGS))

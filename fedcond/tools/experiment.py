@@ -113,8 +113,9 @@ def column_name(axis: str) -> str:
 
 
 def expand_methods(values: Sequence[Any] | str) -> list[Any]:
-    """Method names, in the given order; ``all`` stands for every federated method and ``pooled``
-    for the three pooled references (the paper's own protocol), each in the registry's order.
+    """Method names, in the given order; ``all`` stands for every federated method of the paper's
+    comparison, ``variants`` for our named variants (``recommended``) and ``pooled`` for the three
+    pooled references (the paper's own protocol), each in the registry's order.
 
     A method value may also be a bundle, ``{ label = "recommended", method = "conditional",
     fingerprint = "class-mean", ... }``: a named variant whose label is its name in every table.
@@ -129,7 +130,7 @@ def expand_methods(values: Sequence[Any] | str) -> list[Any]:
                 raise FedcondError(f"a method bundle needs 'label' and 'method' keys, got {dict(entry)}")
             get_method(str(entry["method"]))
             expanded.append(dict(entry))
-        elif str(entry) in ("all", "pooled"):
+        elif str(entry) in ("all", "variants", "pooled"):
             expanded += [name for name in method_names(str(entry)) if name not in expanded]
         else:
             get_method(str(entry))  # unknown names stop here with the list of known ones
@@ -236,14 +237,14 @@ def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> lis
     planned = []
     axes = list(experiment.axes.items())
     for combination in itertools.product(*(values for _, values in axes)):
-        values = {**base, **experiment.settings}
+        given = dict(experiment.settings)
         labels = {}
         for (axis, _), value in zip(axes, combination, strict=True):
-            values.update(_settings_of(axis, value))
+            given.update(_settings_of(axis, value))
             labels[axis] = axis_label(value)
         name = _folder_name(labels)
-        values.update({"results-dir": str(runs_dir), "run-name": name, "verbose": False})
-        config = run_config(values)
+        values = {**base, **given, "results-dir": str(runs_dir), "run-name": name, "verbose": False}
+        config = run_config(values, given)
         check_run(config)
         planned.append(PlannedRun(name, config, labels))
     names = [run.name for run in planned]

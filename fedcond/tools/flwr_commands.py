@@ -97,7 +97,8 @@ def read_overrides(assignments: Sequence[str], override_file: str | None) -> dic
 
 def settings_from(assignments: Sequence[str], override_file: str | None) -> RunConfig:
     """The run configuration from defaults, an experiment file and ``key=value`` words, checked."""
-    config = run_config({**default_config(), **read_overrides(assignments, override_file)})
+    overrides = read_overrides(assignments, override_file)
+    config = run_config({**default_config(), **overrides}, overrides)
     check_run(config)
     return config
 
@@ -116,7 +117,7 @@ def prepare(assignments: Sequence[str], override_file: str | None = None) -> tup
         config = resume_settings(Path(str(overrides[RESUME.key])), overrides, declared_options())
         check_run(config, load_data=True)
         return config, config.to_mapping()
-    config = run_config({**default_config(), **overrides})
+    config = run_config({**default_config(), **overrides}, overrides)
     check_run(config, load_data=True)
     # The folder is named here, so that this process can tell afterwards whether the run finished.
     folder = unused_run_folder(config)
