@@ -124,3 +124,44 @@ def test_fedcond_run_of_a_pooled_method_reports_an_unexpected_error_in_one_line(
     assert len(error) == 1 and "the run failed" in error[0] and "Traceback" not in error[0]
     info = json.loads((tmp_path / "bug" / "run.json").read_text())
     assert info["status"] == "failed" and "ValueError" in info["error"] and "\n" not in info["error"]
+
+
+@pytest.mark.parametrize(
+    ("method", "groups"),
+    [("pooled-oracle", [[0, 1], [2, 3]]), ("pooled-global", [[0, 1, 2, 3]]), ("pooled-conditional", [[0, 1, 2, 3]])],
+)
+def test_each_pooled_model_trains_on_exactly_the_paper_protocols_clients(method, groups, monkeypatch):
+    """Oracle: one model per true cluster on that cluster's training clients only; Global and
+    Conditional: one model on every training client; held-out clients' data in none; every sample
+    of Conditional fed its own client's fingerprint; every client (held-out too) evaluated with the
+    model of its cluster (Oracle) or the only one."""
+    import fedcond.pooled as pooled
+
+    built, evaluated = [], []
+    real_model, real_evaluate = pooled._pooled_model, pooled.evaluate
+
+    def spy_model(config, members, num_classes, conditions, index):
+        made = real_model(config, members, num_classes, conditions, index)
+        built.append(([client.partition_id for client in members], made, members, conditions))
+        return made
+
+    def spy_evaluate(model, images, labels, condition):
+        evaluated.append((model, len(labels), condition))
+        return real_evaluate(model, images, labels, condition)
+
+    monkeypatch.setattr(pooled, "_pooled_model", spy_model)
+    monkeypatch.setattr(pooled, "evaluate", spy_evaluate)
+    run_pooled(small(method, **{"held-out-clients": 1, "num-server-rounds": 1}))
+    assert [members for members, *_ in built] == groups
+    for _, made, members, conditions in built:
+        _, labels, rows = made.data
+        assert len(labels) == sum(len(client.train_y) for client in members)
+        assert (rows is None) == (method != "pooled-conditional")
+        if rows is not None:  # sample by sample, its own client's normalised fingerprint
+            expected = np.concatenate([np.tile(conditions[c.partition_id], (len(c.train_y), 1)) for c in members])
+            np.testing.assert_allclose(rows.cpu().numpy(), expected, rtol=1e-6)
+    clusters = [0, 0, 1, 1, 0, 1]  # partitions 4 and 5 are the held-out clients of clusters 0 and 1
+    models = [made.model for _, made, *_ in built]
+    assert len(evaluated) == 6
+    for partition, (model, _, _) in enumerate(evaluated):
+        assert model is models[clusters[partition] if method == "pooled-oracle" else 0]

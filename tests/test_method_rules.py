@@ -1,0 +1,203 @@
+"""Each method does what its paper says: the server's rule through its strategy, the client's through its
+client class, on hand-made models and real digits clients (no Flower). A method wired wrongly (Ditto
+evaluating the global model, DAC averaging with its least similar peers, Oracle mixing clusters) fails here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+from fedcond.client_data import load_client_data
+from fedcond.config import RunConfig
+from fedcond.messages import CHOICE, SERVER_ROUND, TRAIN_LOSS
+from fedcond.models import get_weights
+from fedcond.scenarios import scenario_for
+from strategies.base import StrategyInputs
+from strategies.registry import get_method, held_out_methods
+
+SMALL = {"num_clusters": 2, "clients_per_cluster": 2, "local_epochs": 1}
+
+
+def strategy_for(method: str, **settings):
+    """The method's strategy as the ServerApp builds it, on digits E1 K=2 x 2 (partition ids 0, 1 in
+    cluster 0; 2, 3 in cluster 1; held-out clients after them)."""
+    config = RunConfig(method=method, **{**SMALL, **settings})
+    chosen = get_method(method)
+    inputs = StrategyInputs(config, 10, chosen.conditioned, None, scenario=scenario_for(config))
+    strategy = chosen.strategy(inputs)
+    strategy.on_start()
+    return strategy
+
+
+def reply(model, samples: int, **metrics) -> FitRes:
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(model), samples, {TRAIN_LOSS: 0.0, **metrics})
+
+
+def constant_model(strategy, value: float) -> list[np.ndarray]:
+    """A model of the run's shape whose every entry is ``value``."""
+    from strategies.base import initial_weights
+
+    return [np.full_like(array, value) for array in initial_weights(strategy.inputs)]
+
+
+def decoded(parameters) -> list[np.ndarray]:
+    return parameters_to_ndarrays(parameters)
+
+
+def test_fedavg_weights_each_returned_model_by_its_training_samples():
+    strategy = strategy_for("fedavg")
+    results = [(0, reply(constant_model(strategy, 1.0), 100)), (1, reply(constant_model(strategy, 4.0), 300))]
+    combined = decoded(strategy.combine(1, results))
+    np.testing.assert_allclose(combined[0], 3.25, rtol=1e-6)  # (1 x 100 + 4 x 300) / 400, not the plain mean 2.5
+
+
+def test_oracle_averages_within_each_true_cluster_and_serves_each_client_its_own():
+    strategy = strategy_for("oracle", held_out_clients=1)
+    values = {0: 1.0, 1: 3.0, 2: 10.0, 3: 30.0}  # partitions 0, 1: cluster 0; 2, 3: cluster 1
+    strategy.combine(1, [(pid, reply(constant_model(strategy, value), 1)) for pid, value in values.items()])
+    firsts = {pid: decoded(strategy.fit_parameters(pid, None))[0].flat[0] for pid in range(4)}
+    assert firsts == pytest.approx({0: 2.0, 1: 2.0, 2: 20.0, 3: 20.0})
+    # A newcomer (partition 4: cluster 0's held-out client, 5: cluster 1's) evaluates its true cluster's model.
+    assert decoded(strategy.evaluate_parameters(4, None))[0].flat[0] == pytest.approx(2.0)
+    assert decoded(strategy.evaluate_parameters(5, None))[0].flat[0] == pytest.approx(20.0)
+
+
+def test_ifca_averages_by_choice_serves_the_chosen_model_and_scores_its_choices():
+    strategy = strategy_for("ifca")
+    choices = {0: 1, 1: 1, 2: 0, 3: 0}  # a perfect recovery of the true clusters, with the labels swapped
+    values = {0: 1.0, 1: 3.0, 2: 10.0, 3: 30.0}
+    results = [(pid, reply(constant_model(strategy, values[pid]), 1, **{CHOICE: choices[pid]})) for pid in values]
+    strategy.combine(1, results)
+    assert strategy.tracker.ari == pytest.approx(1.0)
+    assert decoded(strategy.evaluate_parameters(0, None))[0].flat[0] == pytest.approx(2.0)  # model 1
+    assert decoded(strategy.evaluate_parameters(3, None))[0].flat[0] == pytest.approx(20.0)  # model 0
+    everything = decoded(strategy.fit_parameters(0, None))
+    assert len(everything) == 2 * len(constant_model(strategy, 0.0))  # training rounds send all K models
+    mixed = strategy_for("ifca")
+    mixed.combine(1, [(pid, reply(constant_model(mixed, 1.0), 1, **{CHOICE: pid % 2})) for pid in range(4)])
+    assert mixed.tracker.ari < 0.5  # choices across the true clusters
+
+
+def clustered_models(strategy, rng) -> dict[int, list[np.ndarray]]:
+    """Models of cluster 0 (partitions 0, 1) near one direction, of cluster 1 (2, 3) near another."""
+    directions = [rng.normal(size=array.shape) for array in constant_model(strategy, 0.0)]
+    others = [rng.normal(size=array.shape) for array in directions]
+    models = {}
+    for pid in range(4):
+        base = directions if pid < 2 else others
+        models[pid] = [(b + 0.1 * rng.normal(size=b.shape)).astype(np.float32) for b in base]
+    return models
+
+
+def test_dac_averages_each_client_with_its_most_similar_peers_its_cluster_mates():
+    strategy = strategy_for("dac", options=(("dac-neighbours", 1),))
+    models = clustered_models(strategy, np.random.default_rng(0))
+    strategy.combine(1, [(pid, reply(model, 1)) for pid, model in models.items()])
+    for pid, mate in ((0, 1), (1, 0), (2, 3), (3, 2)):
+        expected = [(a + b) / 2 for a, b in zip(models[pid], models[mate], strict=True)]
+        received = decoded(strategy.fit_parameters(pid, None))
+        for got, want in zip(received, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_gossip_averages_each_client_with_exactly_one_random_peer_per_round():
+    strategy = strategy_for("gossip")
+    models = clustered_models(strategy, np.random.default_rng(1))
+    strategy.combine(1, [(pid, reply(model, 1)) for pid, model in models.items()])
+    after = {pid: decoded(strategy.fit_parameters(pid, None)) for pid in range(4)}
+    for pid in range(4):
+        partners = [
+            other for other in range(4)
+            if other != pid and np.allclose(after[pid][0], (models[pid][0] + models[other][0]) / 2, atol=1e-6)
+        ]  # fmt: skip
+        assert len(partners) == 1  # a matching: one peer each (4 clients: nobody sits out)
+        assert np.allclose(after[partners[0]][0], after[pid][0])  # the pair holds the same average
+
+
+def test_local_keeps_nothing_on_the_server():
+    strategy = strategy_for("local")
+    assert strategy.combine(1, [(pid, reply([], 1)) for pid in range(4)]) is None
+    assert strategy.initial_global().tensors == []
+
+
+# What each method that serves a newcomer (a client that never trains) gives it; a method that starts
+# serving newcomers must say here which rule it follows.
+NEWCOMER_RULES = {
+    "fedavg": "global model",
+    "conditional": "global model, fed its own fingerprint",
+    "recommended": "global model, fed its own fingerprint",
+    "ditto": "global model (it has no personal model)",
+    "oracle": "its true cluster's model (tested with Oracle's averaging above)",
+}
+
+
+def test_every_method_that_serves_newcomers_has_a_tested_rule():
+    assert set(held_out_methods()) == set(NEWCOMER_RULES)
+
+
+@pytest.mark.parametrize("method", [name for name, rule in NEWCOMER_RULES.items() if rule.startswith("global")])
+def test_a_newcomer_gets_the_global_model_where_that_is_its_methods_rule(method):
+    """The client feeds its own fingerprint where the method is conditioned (tested below)."""
+    strategy = strategy_for(method, held_out_clients=1)
+    current = ndarrays_to_parameters(constant_model(strategy, 7.0))
+    for partition in (4, 5):  # the held-out clients
+        assert strategy.evaluate_parameters(partition, current) is current
+    assert 4 not in strategy.training_partitions  # and it is never asked to train
+
+
+def client_of(method: str, partition_id: int = 0, **settings):
+    config = RunConfig(method=method, **{**SMALL, **settings})
+    chosen = get_method(method)
+    context = Context(0, 0, {"partition-id": partition_id, "num-partitions": 4}, RecordDict(), {})
+    return chosen.client(config, load_client_data(config, partition_id), context, chosen.conditioned)
+
+
+def always_class(client, label: int) -> list[np.ndarray]:
+    """Weights that predict ``label`` for every image: zero everywhere but the last layer's bias."""
+    weights = [np.zeros_like(array) for array in get_weights(client.model)]
+    weights[-1][label] = 50.0
+    return weights
+
+
+def test_ditto_returns_the_global_model_and_is_evaluated_with_its_personal_one():
+    ditto, fedavg = client_of("ditto", 2), client_of("fedavg", 2)
+    start = get_weights(fedavg.fresh_model())
+    round_config = {SERVER_ROUND: 1}
+    returned, _, _ = ditto.fit(start, round_config)
+    expected, _, _ = fedavg.fit(start, round_config)
+    for got, want in zip(returned, expected, strict=True):  # the global model, trained as FedAvg trains it
+        np.testing.assert_array_equal(got, want)
+    # A global model that always says 0 scores chance at best on cluster 1 (classes 5-9): none.
+    useless = always_class(ditto, 0)
+    _, _, global_metrics = fedavg.evaluate(useless, round_config)
+    _, _, ditto_metrics = ditto.evaluate(useless, round_config)
+    assert global_metrics["accuracy"] == 0.0
+    assert ditto_metrics["accuracy"] > 0.3  # its personal model, trained for ditto-personal-epochs
+
+
+@pytest.mark.parametrize("method", ["conditional", "recommended"])
+def test_a_conditioned_client_feeds_the_model_its_own_normalised_fingerprint(method, monkeypatch):
+    import clients.numpy_client as numpy_client
+
+    seen = []
+    real_evaluate = numpy_client.evaluate
+    monkeypatch.setattr(numpy_client, "evaluate", lambda *args: seen.append(args[3]) or real_evaluate(*args))
+    round_config = {SERVER_ROUND: 1}
+    clients = [client_of(method, pid, normalisation="log" if method == "conditional" else "none") for pid in (0, 2)]
+    for client in clients:
+        client.evaluate(get_weights(client.model), round_config)
+    first, second = seen
+    assert first is not None and second is not None and not np.allclose(first, second)  # each its own
+    np.testing.assert_array_equal(first, clients[0].condition(round_config))
+    assert client_of("fedavg").condition(round_config) is None  # FedAvg's model takes none
+
+
+def test_the_ifca_client_trains_and_reports_the_model_that_fits_its_data_best():
+    client = client_of("ifca", 2)  # cluster 1: classes 5-9
+    wrong, right = always_class(client, 0), always_class(client, 7)
+    _, _, metrics = client.fit([*wrong, *right], {SERVER_ROUND: 1})
+    assert metrics[CHOICE] == 1
+    _, _, metrics = client.fit([*right, *wrong], {SERVER_ROUND: 1})
+    assert metrics[CHOICE] == 0
