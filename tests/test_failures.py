@@ -274,7 +274,13 @@ def test_ifca_client_evaluates_the_model_it_would_choose_when_given_all():
     assert client.evaluate([*broken, *good], {"server-round": 1}) == client.evaluate(chosen, {"server-round": 1})
 
 
-@pytest.mark.parametrize("method", ["gossip", "dac"])
+def peer_to_peer_methods() -> list[str]:
+    from strategies.registry import registry
+
+    return [name for name, method in registry().items() if method.strategy and method.strategy.peer_to_peer]
+
+
+@pytest.mark.parametrize("method", peer_to_peer_methods())
 def test_peers_that_did_not_answer_keep_their_models_and_are_skipped(method):
     strategy = strategy_for(method, **{"min-answered-fraction": 0.5, "dac-neighbours": 3})
     manager = federation(two_by_two(p1="crashed"))

@@ -31,7 +31,7 @@ def history(folder) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-@pytest.mark.parametrize("method", ["pooled-conditional", "pooled-oracle", "pooled-global"])
+@pytest.mark.parametrize("method", method_names("pooled"))
 def test_pooled_run_writes_one_row_per_epoch_with_held_out_accuracy(method):
     recorder = run_pooled(small(method, **{"held-out-clients": 1}))
     info = json.loads((recorder.folder / "run.json").read_text())

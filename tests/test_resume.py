@@ -298,36 +298,58 @@ def test_compare_refuses_a_run_folder_another_process_is_running_in(tmp_path):
     assert load_checkpoint(folder).round == 2  # left alone
 
 
-@pytest.mark.parametrize("method", ["oracle", "ifca", "gossip", "dac"])
+def methods_with_server_state() -> list[str]:
+    """Every registered method whose server holds more than the global model (it extends ``state``)."""
+    from strategies.base import FedcondStrategy
+    from strategies.registry import registry
+
+    return [name for name, m in registry().items() if m.strategy and m.strategy.state is not FedcondStrategy.state]
+
+
+def test_the_methods_with_server_state_are_the_per_client_and_per_cluster_ones():
+    assert set(methods_with_server_state()) == {"oracle", "ifca", "gossip", "dac"}
+
+
+@pytest.mark.parametrize("method", methods_with_server_state())
 def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     """A resumed run is a new Flower run: every node has a new id. What the server holds per client
     (assignments, per-client models) is keyed by partition id, the name a client keeps, so a fresh
-    strategy gets back exactly what the stopped one held, whichever nodes hold the partitions now."""
+    strategy gets back exactly what the stopped one held after a round, whichever nodes hold the
+    partitions now."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+
+    from fedcond.messages import CHOICE, TRAIN_LOSS
     from fedcond.scenarios import scenario_for
-    from strategies.base import StrategyInputs
+    from strategies.base import StrategyInputs, initial_weights
     from strategies.registry import get_method
 
     config = run_config({"method": method, "num-clusters": 2, "clients-per-cluster": 2}).resolved()
     strategy_class = get_method(method).strategy
-    inputs = StrategyInputs(config, 10, False, None, scenario=scenario_for(config))
+    inputs = StrategyInputs(config, 10, get_method(method).conditioned, None, scenario=scenario_for(config))
     before = strategy_class(inputs)
+    before.on_start()
     rng = np.random.default_rng(0)
-    if method in ("oracle", "ifca"):
-        before.models = [[rng.normal(size=(3, 2)).astype(np.float32)] for _ in before.models]
-        before.assignment = {0: 1, 1: 0, 2: 1, 3: 0}
-    else:
-        before.models = {partition: [rng.normal(size=(3, 2)).astype(np.float32)] for partition in range(4)}
+    shapes = [array.shape for array in initial_weights(inputs)]
+    replies = [
+        (pid, FitRes(Status(Code.OK, ""), ndarrays_to_parameters([rng.normal(size=shape).astype(np.float32)
+                                                                  for shape in shapes]),
+                     10 + pid, {TRAIN_LOSS: 0.0, CHOICE: (pid + 1) % 2}))
+        for pid in range(4)
+    ]  # fmt: skip
+    before.combine(1, replies)
     models, values = before.state()
     json.dumps(values)  # plain values only
+    assert any(name != "global" for name in models)  # per-client or per-cluster models, by name
 
     after = strategy_class(inputs)
     after.load_state(models, values)
-    if method in ("oracle", "ifca"):
-        assert after.assignment == before.assignment
-        assert all(np.array_equal(a[0], b[0]) for a, b in zip(before.models, after.models, strict=True))
-    else:
-        assert set(after.models) == {0, 1, 2, 3}
-        assert all(np.array_equal(before.models[p][0], after.models[p][0]) for p in range(4))
+    again_models, again_values = after.state()
+    assert again_values == values and sorted(again_models) == sorted(models)
+    for name, model in models.items():
+        assert all(np.array_equal(a, b) for a, b in zip(model, again_models[name], strict=True)), name
+    for partition in range(4):  # and each client is served from what was restored
+        served, expected = after.evaluate_parameters(partition, None), before.evaluate_parameters(partition, None)
+        assert served.tensors == expected.tensors
 
 
 def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp_path):
