@@ -6,8 +6,12 @@ tests use; ``fedcond run`` goes through ``flwr run`` instead. Ray binds to 127.0
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from flwr.clientapp.typing import Mod
 from flwr.common.logger import FLOWER_LOGGER
@@ -35,22 +39,59 @@ def simulate(
     gpus_per_client: float = 0.0,
     quiet: bool = False,
     client_mods: Sequence[Mod] = (),
+    log: Path | None = None,
 ) -> None:
     """Run ``config`` to the end (its results folder records whether it finished or failed).
 
     ``quiet`` keeps Flower's INFO and WARNING lines off the terminal (errors still show),
-    for callers that report progress themselves. ``client_mods`` are Flower mods around every
-    client message (the tests inject faults with them).
+    for callers that report progress themselves. With ``log``, everything Flower, Ray and the
+    apps print goes to that file instead of the terminal (``fedcond compare`` and ``sweep``: each
+    run's ``flower.log``). ``client_mods`` are Flower mods around every client message (the tests
+    inject faults with them).
     """
     level = FLOWER_LOGGER.level
     if quiet:
         FLOWER_LOGGER.setLevel(logging.ERROR)
     try:
-        run_simulation(
-            server_app=make_server_app(config),
-            client_app=make_client_app(config, client_mods),
-            num_supernodes=num_supernodes or config.num_clients,
-            backend_config=backend_config(cpus_per_client, gpus_per_client),  # type: ignore[arg-type]
-        )
+        with output_to(log) if log is not None else contextlib.nullcontext():
+            run_simulation(
+                server_app=make_server_app(config),
+                client_app=make_client_app(config, client_mods),
+                num_supernodes=num_supernodes or config.num_clients,
+                backend_config=backend_config(cpus_per_client, gpus_per_client),  # type: ignore[arg-type]
+            )
     finally:
         FLOWER_LOGGER.setLevel(level)
+
+
+@contextlib.contextmanager
+def output_to(path: Path) -> Iterator[None]:
+    """This process's printed output, Flower's log records (every level), Python warnings and the
+    lines Ray forwards from its actors, into ``path`` (appended); the terminal gets none of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        file_handler = logging.StreamHandler(handle)
+        file_handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s: %(message)s"))
+        console = [h for h in FLOWER_LOGGER.handlers if isinstance(h, logging.StreamHandler)]
+        levels = [h.level for h in console]
+        logger_level = FLOWER_LOGGER.level
+        for handler in console:
+            handler.setLevel(logging.CRITICAL + 1)
+        FLOWER_LOGGER.addHandler(file_handler)
+        FLOWER_LOGGER.setLevel(logging.DEBUG)
+        try:
+            with (
+                warnings.catch_warnings(),
+                contextlib.redirect_stdout(handle),
+                contextlib.redirect_stderr(handle),
+            ):
+                # Ray prints its warnings and the actors' lines to sys.stderr as they come: here, the file.
+                warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: print(
+                    warnings.formatwarning(message, category, filename, lineno, line), file=sys.stderr
+                )
+                yield
+        finally:
+            FLOWER_LOGGER.removeHandler(file_handler)
+            FLOWER_LOGGER.setLevel(logger_level)
+            for handler, handler_level in zip(console, levels, strict=True):
+                handler.setLevel(handler_level)

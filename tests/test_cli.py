@@ -131,3 +131,17 @@ def test_a_named_variant_is_a_method_name_that_fixes_its_settings(tmp_path, caps
     out = tmp_path / "cmp"
     assert main(["compare", "--methods", "fedavg,recommended", "--out", str(out), "--dry-run"]) == 0
     assert "method-recommended_seed-0" in capsys.readouterr().out
+
+
+def test_compare_prints_only_its_own_lines_and_keeps_flowers_and_rays_in_each_runs_log(tmp_path, capfd):
+    import re
+
+    out = tmp_path / "c"
+    arguments = ["--methods", "fedavg", "--num-clusters", "2", "--clients-per-cluster", "2", "--rounds", "1"]
+    assert main(["compare", *arguments, "--out", str(out)]) == 0
+    printed, errors = capfd.readouterr()
+    own = re.compile(r"^(fedcond: |  \[\d+/\d+\] |\||- |$)")  # progress, the summary table and its notes
+    assert [line for line in (printed + errors).splitlines() if not own.match(line)] == []
+    log = (out / "runs" / "method-fedavg_seed-0" / "flower.log").read_text()
+    assert "run_simulation" in log  # Flower's own (deprecation) warning, here rather than on the terminal
+    assert not list((out / "runs").glob(".*.flower.log"))  # moved into the run's folder

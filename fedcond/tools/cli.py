@@ -214,8 +214,18 @@ def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> 
         # A failure of either kind is recorded by the experiment (run_one), which goes on.
         if is_pooled(config):
             run_pooled(config)
-        else:
-            simulate(config, cpus_per_client=cpus_per_client, gpus_per_client=gpus, quiet=True)
+            return
+        # Flower's and Ray's lines go to the run's own log, beside its folder until the ServerApp
+        # has made it (a resumed run's folder exists: its log goes in beside the earlier ones').
+        folder = Path(config.results_dir, config.run_name)
+        resuming = bool(RESUME.of(config))
+        log = flower_log_path(folder) if resuming else folder.parent / f".{folder.name}.flower.log"
+        try:
+            simulate(config, cpus_per_client=cpus_per_client, gpus_per_client=gpus, quiet=True, log=log)
+        finally:
+            if not resuming and log.exists():  # a run that failed before its folder existed gets one for it
+                folder.mkdir(parents=True, exist_ok=True)
+                log.replace(folder / FLOWER_LOG)
 
     return run_one
 
