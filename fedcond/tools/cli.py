@@ -50,6 +50,7 @@ from fedcond.tools.flwr_commands import (
     prepare,
     read_overrides,
     run_folder,
+    settings_from,
     to_run_config_string,
     unfinished,
 )
@@ -63,12 +64,28 @@ def default_gpus_per_client() -> float:
     return 0.25 if torch.cuda.is_available() else 0.0
 
 
+def describe_run(config: RunConfig) -> str:
+    """What a ``--dry-run`` says it would start (every setting checked; the data is read when it starts)."""
+    return (
+        f"fedcond: dry run: {config.method} on {config.dataset} {config.scenario}, {config.num_clusters} clusters x "
+        f"{config.clients_per_cluster + config.held_out_clients} clients ({config.num_clients} nodes), "
+        f"{config.num_server_rounds} rounds; every setting checked, nothing started (the data is read when it runs)"
+    )
+
+
 def run(
-    assignments: Sequence[str], cpus_per_client: int, gpus_per_client: float | None, override_file: str | None = None
+    assignments: Sequence[str],
+    cpus_per_client: int,
+    gpus_per_client: float | None,
+    override_file: str | None = None,
+    dry_run: bool = False,
 ) -> int:
     """``fedcond run``: ``flwr run`` with the node count, resources, offline environment and an absolute
     results folder filled in. The terminal shows fedcond's own lines; Flower's full output goes to
     ``flower.log`` in the run's folder, which also gets ``convergence.png``."""
+    if dry_run:
+        print(describe_run(settings_from(assignments, override_file)))
+        return 0
     config, overrides = prepare(assignments, override_file)
     if is_pooled(config):
         # The paper's centralised protocol has no federation to start: it trains right here.
@@ -382,6 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser = commands.add_parser("run", help="run one Flower simulation: fedcond run key=value ...")
     run_parser.add_argument("settings", nargs="*", help="run-config overrides, e.g. method=fedavg num-clusters=5")
     run_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
+    run_parser.add_argument("--dry-run", action="store_true", help="check every setting and say what would start")
     add_resource_flags(run_parser)
     add_experiment_commands(commands)
     commands.add_parser("list", help="list methods, datasets, scenarios, fingerprints and conditionings")
@@ -398,6 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     deploy_parser.add_argument(
         "--keys", metavar="DIR", help="keep the SuperNodes' new key pairs in DIR (default: deleted afterwards)"
     )
+    deploy_parser.add_argument("--dry-run", action="store_true", help="check every setting and say what would start")
     export_parser = commands.add_parser("export-partitions", help="write every client's data to partition-<id>.npz")
     export_parser.add_argument("settings", nargs="*", help="run-config overrides that shape the split")
     export_parser.add_argument("--out", required=True, metavar="DIR", help="folder for the partition files")
@@ -416,9 +435,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if arguments.command == "export-partitions":
                 return deploy.export_partitions_command(arguments.settings, arguments.out, arguments.config)
             return deploy.deploy_local(
-                arguments.settings, arguments.nodes, arguments.insecure, arguments.config, arguments.keys
-            )
-        return run(arguments.settings, arguments.cpus_per_client, arguments.gpus_per_client, arguments.config)
+                arguments.settings, arguments.nodes, arguments.insecure, arguments.config, arguments.keys,
+                arguments.dry_run,
+            )  # fmt: skip
+        return run(
+            arguments.settings,
+            arguments.cpus_per_client,
+            arguments.gpus_per_client,
+            arguments.config,
+            arguments.dry_run,
+        )
     except FedcondError as error:
         print(f"fedcond: error: {error}", file=sys.stderr)
         return 2

@@ -375,9 +375,12 @@ def deploy_local(
     insecure: bool = False,
     override_file: str | None = None,
     keys: str | None = None,
+    dry_run: bool = False,
 ) -> int:
     """Run one configuration on a real SuperLink and ``nodes`` SuperNodes on loopback; 0 if it finished."""
-    config, overrides = prepare(assignments, override_file)
+    config, overrides = (
+        (settings_from(assignments, override_file), {}) if dry_run else prepare(assignments, override_file)
+    )
     nodes = config.num_clients if nodes is None else nodes
     if nodes != config.num_clients:
         raise FedcondError(
@@ -390,6 +393,13 @@ def deploy_local(
     keys_folder = None if keys is None else Path(keys).expanduser().resolve()
     if keys_folder is not None:
         check_keys_folder(keys_folder, nodes)  # before anything starts
+    if dry_run:
+        security = "plain HTTP" if insecure else "TLS, authenticated SuperNodes"
+        print(
+            f"fedcond: dry run: a SuperLink and {nodes} SuperNodes on 127.0.0.1 ({security}) would run "
+            f"{config.method} for {config.num_server_rounds} rounds; every setting checked, nothing started"
+        )
+        return 0
     folder = run_folder(overrides)
     workdir = Path(tempfile.mkdtemp(prefix="fedcond-deploy-"))
     deployment = LocalDeployment(workdir, insecure, keys_folder)

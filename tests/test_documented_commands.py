@@ -1,0 +1,147 @@
+"""Every ``fedcond`` command the README, docs/ and experiments/ show runs as written.
+
+Commands are read from fenced code blocks and inline code of the Markdown files, and from comments of
+the TOML files. Those that would train run with ``--dry-run`` (every setting checked, the plan
+printed, nothing started); the rest run for real in a copy of ``experiments/``: ``list``,
+``export-partitions`` (digits), ``report`` of a committed results folder (whose regenerated tables
+must equal the committed ones) and ``reproduction`` (whose output must equal the committed
+``REPRODUCTION.md`` byte for byte). A ``report`` of a folder a documented ``compare`` or ``sweep``
+would write first is checked against that command. Templates (``key=value ...``, ``<run folder>``)
+are not commands.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedcond.tools.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SUBCOMMANDS = ("run", "compare", "sweep", "report", "reproduction", "list", "deploy-local", "export-partitions")
+TRAINS = ("run", "compare", "sweep", "deploy-local")
+TEMPLATE = re.compile(r"<[^>]*>|\.\.\.|key=value|KEY=VALUE")
+
+
+def documents() -> list[Path]:
+    found = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for path in sorted((ROOT / "experiments").rglob("*")):
+        if path.suffix in (".md", ".toml") and "results" not in path.relative_to(ROOT).parts:
+            found.append(path)
+    return found
+
+
+def _commands_in_lines(lines: list[str]) -> list[str]:
+    """``fedcond ...`` lines, backslash continuations joined, trailing ``# comments`` dropped."""
+    commands, pending = [], ""
+    for raw in lines:
+        line = raw.strip()
+        if pending:
+            line = pending + " " + line
+            pending = ""
+        elif not line.startswith("fedcond "):
+            continue
+        if line.endswith("\\"):
+            pending = line[:-1].strip()
+            continue
+        commands.append(re.sub(r"\s+#.*$", "", line).strip())
+    return commands
+
+
+def commands_of(path: Path) -> list[str]:
+    text = path.read_text()
+    if path.suffix == ".toml":
+        comments = [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+        return [c[c.index("fedcond ") :] for c in comments if re.search(r"fedcond (" + "|".join(SUBCOMMANDS) + ")", c)]
+    blocks = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.DOTALL)
+    found = [command for block in blocks for command in _commands_in_lines(block.splitlines())]
+    outside = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    for span in re.findall(r"`(fedcond [^`]+)`", outside.replace("\n", " ")):
+        words = span.split()
+        # "`fedcond report`" names a command; only spans with their arguments are commands to run.
+        if len(words) > 2 or words[1] in ("run", "list"):
+            found.append(span)
+    return found
+
+
+def documented() -> list[tuple[str, str]]:
+    pairs = []
+    for path in documents():
+        for command in commands_of(path):
+            words = command.split()
+            if len(words) > 1 and words[1] in SUBCOMMANDS and not TEMPLATE.search(command):
+                pairs.append((str(path.relative_to(ROOT)), command))
+    return pairs
+
+
+DOCUMENTED = documented()
+
+
+def test_the_docs_show_commands_of_every_kind():
+    kinds = {command.split()[1] for _, command in DOCUMENTED}
+    assert kinds == set(SUBCOMMANDS), kinds
+
+
+def _option(words: list[str], name: str) -> str | None:
+    return words[words.index(name) + 1] if name in words else None
+
+
+def produced_by_a_documented_command(document: str, folder: str) -> bool:
+    return any(
+        where == document and command.split()[1] in ("compare", "sweep") and _option(command.split(), "--out") == folder
+        for where, command in DOCUMENTED
+    )
+
+
+@pytest.fixture
+def copy_of_the_experiments(tmp_path, monkeypatch):
+    """Commands run where a user types them, the checkout's root: here a copy of what they read."""
+    shutil.copytree(ROOT / "experiments", tmp_path / "experiments")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("document", "command"), DOCUMENTED, ids=[f"{d}: {c}" for d, c in DOCUMENTED])
+def test_a_documented_command_runs_as_written(document, command, copy_of_the_experiments, capsys):
+    words = shlex.split(command)[1:]
+    subcommand = words[0]
+    if subcommand in TRAINS:
+        words.append("--dry-run")
+    elif subcommand == "export-partitions":
+        words[words.index("--out") + 1] = str(copy_of_the_experiments / "partitions")
+    elif subcommand == "report":
+        folder = words[1]
+        if not Path(folder).is_dir():
+            assert produced_by_a_documented_command(document, folder), f"{folder} is neither committed nor written"
+            return
+    status = main(words)
+    printed = capsys.readouterr()
+    assert status == 0, printed.err
+    if subcommand == "report":  # the committed tables are what their data says
+        for name in ("summary.md", "tables.md"):
+            committed = ROOT / words[1] / name
+            if committed.is_file():
+                assert (Path(words[1]) / name).read_text() == committed.read_text(), f"{words[1]}/{name} is stale"
+    if subcommand == "reproduction":
+        out = words[words.index("--out") + 1]
+        assert Path(out).read_text() == (ROOT / out).read_text(), f"{out} does not regenerate byte-identical"
+
+
+COMMITTED = sorted(path.parent for path in (ROOT / "experiments" / "results").glob("*/experiment.json"))
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda path: path.name)
+def test_every_committed_results_folder_regenerates_its_tables_from_its_runs(folder, tmp_path, capsys):
+    """``fedcond report`` over a copy of the folder gives back its committed tables word for word:
+    every number in them comes from the runs' history.csv and run.json beside them."""
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy)
+    main(["report", str(copy)])  # 1 where the folder lists runs that did not finish: still reported
+    capsys.readouterr()
+    for name in ("metrics.csv", "summary.md", "tables.md"):
+        if (folder / name).is_file():
+            assert (copy / name).read_text() == (folder / name).read_text(), f"{folder.name}/{name} is stale"
