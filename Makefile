@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fedcond-installed
 
-.PHONY: run test lint clean-venv stop-superlink
+.PHONY: run test test-fast lint clean-venv stop-superlink
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ run: $(STAMP)
 # the cores meanwhile (one process: 16 1/2 min; two: 12; three: 10 1/2, docs/performance.md).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 3
+
+# The unit tests alone, without Flower, Ray or deployments (about half a minute): for while you edit.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

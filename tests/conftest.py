@@ -11,6 +11,14 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Several test processes share the cores: one torch thread each, as Ray gives each virtual
+    # client, rather than every process taking all cores (2 processes x 2 threads on 2 cores made
+    # the in-process training tests 5-15 times slower).
+    import torch
+
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def _decoded_datasets(tmp_path_factory):
@@ -28,3 +36,13 @@ def _isolated_environment(tmp_path, tmp_path_factory, monkeypatch, _decoded_data
     (cache / "decoded").symlink_to(_decoded_datasets, target_is_directory=True)
     monkeypatch.setenv("FEDCOND_CACHE_DIR", str(cache))
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def task_identity(monkeypatch):
+    """The identity Flower 1.42 stamps on every Message it builds, set as a ServerApp sets it: a test
+    that builds Messages outside a run needs it whatever ran before it in the same process."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_task_id", "_run_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)

@@ -58,6 +58,7 @@ def masked_vectors(grid: InProcessGrid) -> list[list[np.ndarray]]:
     return decoded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conditioning", ["concat", "film", "hyper"])
 def test_the_attack_reads_one_plain_update_and_nothing_secaggplus_shows_the_server(conditioning):
     plain = run_config({**FEDERATION, "conditioning": conditioning}).resolved()
@@ -89,6 +90,7 @@ def test_the_attack_reads_one_plain_update_and_nothing_secaggplus_shows_the_serv
     assert max(abs(cosine_similarity(guess, one)) for one in fingerprints) < 0.95
 
 
+@pytest.mark.slow
 def test_the_secure_mean_is_fedavgs_within_quantisation_and_survives_a_dropout():
     config = run_config({**FEDERATION, "conditioning": "concat", "secure-aggregation": "secaggplus"}).resolved()
     sent, round_config, _ = server_view(config)
@@ -181,6 +183,7 @@ RUNS = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_every_key_of_every_message_is_on_the_allow_list(tmp_path, name):
     from strategies.simulation import simulate

@@ -70,6 +70,7 @@ def stop_superlink_on(port: int) -> None:
                     child.terminate()
 
 
+@pytest.mark.slow
 def test_fedcond_run_goes_through_flwr_run(tmp_path):
     """The README's main command, shortened, on a local SuperLink of its own: its own Flower home and
     free ports, so a SuperLink left on flwr's default port by an earlier `make run` changes nothing."""
@@ -133,6 +134,7 @@ def test_a_named_variant_is_a_method_name_that_fixes_its_settings(tmp_path, caps
     assert "method-recommended_seed-0" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_compare_prints_only_its_own_lines_and_keeps_flowers_and_rays_in_each_runs_log(tmp_path, capfd):
     import re
 

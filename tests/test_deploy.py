@@ -240,6 +240,7 @@ SETTINGS = ["num-clusters=3", "clients-per-cluster=1", "num-server-rounds=2", "v
 ACCURACY_TOLERANCE = 0.01
 
 
+@pytest.mark.slow
 def test_three_node_tls_deployment_matches_the_simulation(tmp_path):
     """Separate SuperLink and SuperNode processes on 127.0.0.1, TLS; then the same run simulated."""
     started = time.monotonic()
@@ -275,6 +276,7 @@ def test_three_node_tls_deployment_matches_the_simulation(tmp_path):
           f"simulated {[r['accuracy'] for r in simulated]}")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_process_deploy_local_started(tmp_path):
     deployment = deploy_local(
         tmp_path, ["--nodes", "2", "--insecure", "num-clusters=2", "clients-per-cluster=1", "num-server-rounds=50"],
@@ -296,6 +298,7 @@ def test_ctrl_c_stops_every_process_deploy_local_started(tmp_path):
     assert "interrupted; stopping every process" in output
 
 
+@pytest.mark.slow
 def test_only_supernodes_with_a_registered_key_join(tmp_path):
     """A SuperLink of deploy-local admits the node whose key it registered; one with another key, or
     with none, is refused at once and never gets work."""
@@ -327,6 +330,7 @@ def test_only_supernodes_with_a_registered_key_join(tmp_path):
     assert_nothing_left(tmp_path)
 
 
+@pytest.mark.slow
 def test_the_fab_holds_the_apps_code_and_every_module_they_import(tmp_path):
     """Flower ships the FAB to every node, and each deployed ClientApp process unpacks and checks it
     again: it holds the code alone (fab-include), but nothing the ServerApp or ClientApp imports may miss."""
@@ -371,6 +375,7 @@ FAILURE_COLUMNS = ("clients_asked", "clients_answered", "clients_failed", "clien
 ROUND_WAIT = 1200.0  # seconds a deployed round may take here: the development machine is often very busy
 
 
+@pytest.mark.slow
 def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
     """4 SuperNodes, 4 rounds: node 3's machine dies during round 2 (SIGKILL of its SuperNode and
     ClientApps: no goodbye) and is started again, with its key and data, once round 2 is over. The run

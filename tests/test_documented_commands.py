@@ -134,6 +134,7 @@ def test_a_documented_command_runs_as_written(document, command, copy_of_the_exp
 COMMITTED = sorted(path.parent for path in (ROOT / "experiments" / "results").glob("*/experiment.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", COMMITTED, ids=lambda path: path.name)
 def test_every_committed_results_folder_regenerates_its_tables_from_its_runs(folder, tmp_path, capsys):
     """``fedcond report`` over a copy of the folder gives back its committed tables word for word:

@@ -13,6 +13,7 @@ def test_grey_28px_images_become_rgb_32px():
     assert rgb.shape == (2, 3, 32, 32) and rgb[0, :, 0, 0].sum() == 0 and rgb[0, :, 2, 2].tolist() == [1, 1, 1]
 
 
+@pytest.mark.slow
 def test_encoder_is_trained_once_cached_and_embeds_128d(tmp_path, monkeypatch):
     from tests.test_datasets import write_fake_mnist
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedcond", "clients", "strategies")
 
@@ -39,6 +41,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
+@pytest.mark.slow
 def test_the_core_imports_neither_flower_nor_the_flower_layer():
     script = (
         "import sys\n"
@@ -86,6 +89,7 @@ def test_the_layers_point_one_way():
             assert allowed or not any(target.startswith("strategies") for target in imported), (name, imported)
 
 
+@pytest.mark.slow
 def test_a_clientapp_process_imports_no_server_or_report_libraries():
     """A deployed ClientApp is a new process per message (Flower 1.42): every import is paid twice a
     round on every node. scikit-learn (IFCA's ARI), scipy's sparse SVD (computing a fingerprint, once

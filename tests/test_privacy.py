@@ -366,6 +366,7 @@ def read_run(results: Path) -> tuple[list[dict[str, str]], dict]:
     return rows, json.loads((folder / "run.json").read_text())
 
 
+@pytest.mark.slow
 def test_dp_sgd_run_reports_a_growing_epsilon_and_withholds_the_training_loss(tmp_path):
     from strategies.simulation import simulate
 
@@ -385,6 +386,7 @@ def test_dp_sgd_run_reports_a_growing_epsilon_and_withholds_the_training_loss(tm
     assert info["privacy"]["client_level"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["server-side", "client-side"])
 def test_client_level_dp_clips_every_update_and_keeps_the_history(tmp_path, mode):
     from strategies.simulation import simulate
@@ -424,7 +426,7 @@ def test_client_level_dp_stops_a_round_that_lost_a_client_with_its_reason():
     assert "partition 1 failed in fit: disk full" in str(error.value)
 
 
-def test_the_clipping_mod_clips_where_the_server_asks_and_passes_client_errors_on():
+def test_the_clipping_mod_clips_where_the_server_asks_and_passes_client_errors_on(task_identity):
     sent = [np.zeros(3), np.zeros(2)]
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
 

@@ -92,6 +92,7 @@ RESUMED_METHODS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", list(RESUMED_METHODS))
 def test_a_run_killed_after_round_2_and_resumed_equals_the_uninterrupted_run(tmp_path, method):
     settings = RESUMED_METHODS[method]
@@ -191,6 +192,7 @@ def test_plain_flwr_run_resume_needs_the_recorded_settings(tmp_path):
     assert check_resume(config.replace(local_epochs=1)).round == 2
 
 
+@pytest.mark.slow
 def test_a_pooled_run_that_failed_in_epoch_3_resumes_to_the_uninterrupted_numbers(tmp_path, monkeypatch):
     import fedcond.pooled
 
@@ -352,6 +354,7 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
         assert served.tensors == expected.tensors
 
 
+@pytest.mark.slow
 def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp_path):
     """The user's command, on a local SuperLink of its own (own Flower home, free ports): the
     ServerApp and the ClientApps read everything from the run config flwr run passes them."""

@@ -24,6 +24,7 @@ def read_history(results: Path) -> tuple[list[dict[str, str]], dict]:
 METHODS = [*method_names("all"), *method_names("variants")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_learns_through_flower_and_writes_a_finite_complete_history(tmp_path, method):
     """Digits E1 K=2 x 2 clients, 3 rounds of digits' default 5 local epochs: every method ends well
@@ -58,6 +59,7 @@ def test_every_method_learns_through_flower_and_writes_a_finite_complete_history
     assert info["config"]["results-dir"] == ".." and "results_folder" not in info
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_wrong_number_of_nodes_stops_before_training(tmp_path, capsys):
     config = RunConfig(
@@ -76,6 +78,7 @@ SCENARIO_DATASETS = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(SCENARIO_DATASETS))
 def test_every_scenario_runs_through_flower(tmp_path, scenario):
     from tests.test_cifar import write_cifar10_folder
@@ -95,6 +98,7 @@ def test_every_scenario_runs_through_flower(tmp_path, scenario):
     assert info["scenario"]["scenario"] == scenario and len(info["scenario"]["clusters"]) == 2
 
 
+@pytest.mark.slow
 def test_held_out_clients_never_train_and_are_reported_apart(tmp_path):
     config = RunConfig(
         method="conditional", fingerprint="class-mean", conditioning="hyper", num_clusters=2, clients_per_cluster=2,
@@ -133,6 +137,7 @@ def test_every_pairing_of_client_and_strategy_in_the_registry_has_a_fault_test()
     assert set(pairing.values()) == {pairing[name] for name, *_ in FAMILIES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("method", "fault", "outcome", "reason"), FAMILIES, ids=[f[0] for f in FAMILIES])
 def test_a_client_failing_in_round_2_leaves_that_round_to_the_others(tmp_path, method, fault, outcome, reason):
     config = run_config({
@@ -155,6 +160,7 @@ def test_a_client_failing_in_round_2_leaves_that_round_to_the_others(tmp_path, m
         assert int(rows[1]["bytes_up"]) == 3 * int(rows[0]["bytes_up"]) // 4
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_too_few_answers_stop_the_run_with_one_line(tmp_path, capsys):
     config = RunConfig(
@@ -174,6 +180,7 @@ def test_too_few_answers_stop_the_run_with_one_line(tmp_path, capsys):
     assert errors == [f"fedcond: error: {expected}"]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_too_few_clients_left_in_the_statistics_sum_fail_the_run_before_round_1(tmp_path):
     # 2 clients: SecAgg+ needs both (threshold 2 of 2), so one dropping out at set-up leaves no sum.
@@ -190,6 +197,7 @@ def test_too_few_clients_left_in_the_statistics_sum_fail_the_run_before_round_1(
     assert [failure["partition-id"] for failure in info["failures"]] == [1, 0]
 
 
+@pytest.mark.slow
 def test_under_secaggplus_a_client_dropping_mid_protocol_is_a_failure_the_round_survives(tmp_path):
     # Partition 1 raises in round 2 at SecAgg+'s masked-vector stage: left out of that round's sum,
     # recorded as the round's fit failure; 3 of 4 answers suffice (min-answered-fraction 0.75).
