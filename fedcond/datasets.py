@@ -69,7 +69,7 @@ class DatasetSpec:
     name: str
     num_classes: int
     image_shape: tuple[int, int, int]
-    # Local training defaults that learn at this dataset's size (see README, "Defaults").
+    # Local training defaults that learn at this dataset's size (docs/settings.md, "Per-dataset training defaults").
     local_epochs: int
     batch_size: int
     load: Callable[[Path | None], ImageDataset]
