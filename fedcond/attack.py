@@ -2,13 +2,10 @@
 
 Every conditioning mechanism feeds the fingerprint s through a layer that is *linear in s* and whose
 gradient is an outer product with s; a companion block of the same network receives exactly the
-other factor. For every SGD step of every sample:
-
-- ``concat``: first FC layer, grad W[:, fingerprint columns] = e s^T and grad bias = e (e: the
-  per-unit error of the hidden layer), summed over the batch: G_W = g s^T, G_b = g;
-- ``film``: the FiLM generator (a Linear fed s): grad weight = e s^T, grad bias = e;
-- ``hyper``: W_j is multiplied by s_j where the base head W0 | b0 is multiplied by 1, so
-  grad W_j = s_j grad [W0 | b0].
+other factor (each mechanism says which, ``Mechanism.linear_blocks`` in ``fedcond.conditioning``):
+``concat``'s first FC layer (grad W[:, fingerprint columns] = e s^T, grad bias = e, e the per-unit
+error of the hidden layer), ``film``'s generator (grad weight = e s^T, grad bias = e), ``hyper``'s
+generated head (grad W_j = s_j grad [W0 | b0]).
 
 SGD with momentum moves parameters by a fixed linear combination of the gradients, and s never
 changes, so the update keeps the structure exactly: Delta W_s = Delta b s^T. The least-squares s
@@ -51,16 +48,9 @@ def _updates(
 def linear_blocks(model: ConditionalCNN, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(P, Q): the update of the block linear in s, shaped (d, k), and of its companion, shaped (k,),
     so that P = s Q^T for one client's update."""
-    dim = model.condition_dim
-    if not dim:
+    if not model.condition_dim:
         raise FedcondError("the model is not conditioned: there is no fingerprint to reconstruct")
-    if model.conditioning == "concat":
-        weight, bias = update["classifier.0.weight"], update["classifier.0.bias"]
-        return weight[:, -dim:].T, bias
-    if model.conditioning == "film":
-        return update["film.weight"].T, update["film.bias"]
-    head = np.concatenate([update["classifier.2.weight"], update["classifier.2.bias"][:, None]], axis=1)
-    return update["hyper.weight"].reshape(dim, -1), head.ravel()
+    return model.mechanism.linear_blocks(model, update)
 
 
 def reconstruct_condition(

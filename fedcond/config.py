@@ -15,11 +15,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from fedcond.conditioning import check_conditioning
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import check_fingerprint
 
 NORMALISATIONS = ("none", "log", "federated")
-CONDITIONINGS = ("concat", "film", "hyper")
 # numpy's and torch's generators both take any seed in [0, 2**32); IFCA's per-cluster model seeds
 # (seed * 1000 + k) stay far inside torch's 64-bit range, and a negative seed is a numpy traceback.
 MAX_SEED = 2**32 - 1
@@ -140,8 +140,7 @@ class RunConfig:
             raise FedcondError(
                 f"unknown normalisation '{self.normalisation}'; choose one of {', '.join(NORMALISATIONS)}"
             )
-        if self.conditioning not in CONDITIONINGS:
-            raise FedcondError(f"unknown conditioning '{self.conditioning}'; choose one of {', '.join(CONDITIONINGS)}")
+        check_conditioning(self.conditioning)
         check_fingerprint(self.fingerprint, self.normalisation)
         check_run_name(self.run_name)
 

@@ -1,19 +1,13 @@
 """The backbone CNNs, optionally conditioned on the client fingerprint.
 
-Three conditioning mechanisms (``conditioning``), all on the same conv stack and FC hidden layer:
-
-- ``concat`` (the paper's): the fingerprint s is concatenated to the flattened conv features
-  before the first fully connected layer.
-- ``film``: s drives a feature-wise affine modulation of the FC hidden layer before its ReLU,
-  h -> (1 + gamma(s)) * h + beta(s), with gamma and beta linear in s and zero at initialisation.
-- ``hyper``: s generates the output layer, logits = (W0 + sum_j s_j W_j) h + (b0 + sum_j s_j b_j)
-  (a linear hypernetwork over the last layer), so clients with different s get different heads.
-
-With ``condition_dim=0`` the network is the plain backbone every baseline uses. The mechanisms are
-not the same size: on 28x28 images with a 32-d fingerprint, ``concat`` adds 4,096 parameters to the
-backbone's 421,642 (425,738 in all, the paper's count) and ``hyper`` adds 38,700 for a 30-d
-``class-mean`` fingerprint (460,342, +8% over concat); on 8x8 digits the backbone has 53,002 and
-``hyper`` 91,702 (+73%). ``hidden_units`` widens the FC hidden layer, for controls of equal size.
+How the fingerprint enters is a conditioning mechanism (``conditioning``), one module each in
+``fedcond/conditioning`` (concat, the paper's; film; hyper), all on the same conv stack and FC
+hidden layer. With ``condition_dim=0`` the network is the plain backbone every baseline uses. The
+mechanisms are not the same size: on 28x28 images with a 32-d fingerprint, ``concat`` adds 4,096
+parameters to the backbone's 421,642 (425,738 in all, the paper's count) and ``hyper`` adds 38,700
+for a 30-d ``class-mean`` fingerprint (460,342, +8% over concat); on 8x8 digits the backbone has
+53,002 and ``hyper`` 91,702 (+73%). ``hidden_units`` widens the FC hidden layer, for controls of
+equal size.
 """
 
 from __future__ import annotations
@@ -22,7 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedcond.config import CONDITIONINGS, RunConfig
+from fedcond.conditioning import mechanism
+from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import fingerprint_size
 
@@ -53,25 +48,6 @@ def cifar_features(channels: int) -> nn.Sequential:
     )  # fmt: skip
 
 
-class HyperHead(nn.Module):
-    """The ``hyper`` mechanism's generated part of the output layer: W_j, b_j for every fingerprint
-    dimension j in ``weight`` (condition_dim, classes, hidden + 1), added to the base head's logits.
-
-    A module of its own (not a bare parameter of the network) so that Opacus can compute its
-    per-sample gradients (``fedcond.privacy`` registers how); ``base`` is an input, not a sum taken
-    outside, so the logits are computed in the same order as always.
-    """
-
-    def __init__(self, initial: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(initial)
-
-    def forward(self, condition: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        generated = torch.einsum("bj,jco->bco", condition, self.weight)  # (batch, classes, hidden + 1)
-        weights, biases = generated[..., :-1], generated[..., -1]
-        return base + torch.einsum("bco,bo->bc", weights, hidden) + biases
-
-
 class ConditionalCNN(nn.Module):
     """A conv feature stack, then FC hidden -> ReLU -> FC classes, conditioned as ``conditioning`` says.
 
@@ -92,34 +68,23 @@ class ConditionalCNN(nn.Module):
         channels, height, width = image_shape
         if height % 4 or width % 4:
             raise FedcondError(f"images must have sides divisible by 4 for two poolings, got {height}x{width}")
-        if conditioning not in CONDITIONINGS:
-            raise FedcondError(f"unknown conditioning '{conditioning}'; choose one of {', '.join(CONDITIONINGS)}")
         cifar_like = channels == 3
         self.condition_dim = condition_dim
         self.conditioning = conditioning if condition_dim else "concat"
+        self.mechanism = mechanism(self.conditioning)
         self.num_classes = num_classes
         self.features = cifar_features(channels) if cifar_like else small_features(channels)
         hidden = hidden_units or (256 if cifar_like else 128)
         flat = 64 * (height // 4) * (width // 4)
-        concat_dim = condition_dim if self.conditioning == "concat" else 0
-        # Built in this order for every mechanism so that the unconditioned and concat networks keep
-        # their seeded initial weights (and parameter count) exactly.
+        # The backbone first, for every mechanism, so that the unconditioned and concat networks keep
+        # their seeded initial weights (and parameter count) exactly; then the mechanism's own modules.
         self.classifier = nn.Sequential(
-            nn.Linear(flat + concat_dim, hidden),
+            nn.Linear(flat + self.mechanism.first_layer_inputs(condition_dim), hidden),
             nn.ReLU(),
             nn.Linear(hidden, num_classes),
         )
-        if self.conditioning == "film":
-            # Zero at initialisation: training starts from the unconditioned network and learns
-            # how far each fingerprint direction should move each hidden unit.
-            self.film = nn.Linear(condition_dim, 2 * hidden)
-            nn.init.zeros_(self.film.weight)
-            nn.init.zeros_(self.film.bias)
-        elif self.conditioning == "hyper":
-            # W0, b0 is classifier[2]; W_j, b_j for every fingerprint dimension j live here, small
-            # enough that sum_j s_j W_j starts at the scale of W0 for a z-scored s.
-            scale = 1.0 / np.sqrt(hidden * condition_dim)
-            self.hyper = HyperHead(torch.randn(condition_dim, num_classes, hidden + 1) * scale)
+        if condition_dim:
+            self.mechanism.add_modules(self, condition_dim, hidden, num_classes)
 
     def forward(self, images: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
         features = self.features(images)
@@ -127,16 +92,7 @@ class ConditionalCNN(nn.Module):
             return self.classifier(features)
         if condition is None:
             raise ValueError("a conditioned model needs its client's fingerprint")
-        condition = condition.expand(len(features), -1)
-        first, activation, head = self.classifier
-        if self.conditioning == "concat":
-            return head(activation(first(torch.cat([features, condition], dim=1))))
-        hidden = first(features)
-        if self.conditioning == "film":
-            gamma, beta = self.film(condition).chunk(2, dim=1)
-            return head(activation((1 + gamma) * hidden + beta))
-        hidden = activation(hidden)
-        return self.hyper(condition, hidden, head(hidden))
+        return self.mechanism.logits(self, features, condition.expand(len(features), -1))
 
 
 def build_model(

@@ -288,21 +288,14 @@ def gaussian_rounds_epsilon(noise_multiplier: float, rounds: int, delta: float) 
 # -- what Opacus can train -------------------------------------------------------------------------
 @functools.cache
 def per_sample_gradient_layers() -> frozenset[type]:
-    """The module types Opacus computes per-sample gradients of, ``HyperHead`` registered here."""
-    import torch
-    from opacus.grad_sample import GradSampleModule, register_grad_sampler
+    """The module types Opacus computes per-sample gradients of: its own, and every conditioning
+    mechanism's layers (each mechanism registers its own, ``Mechanism.register_grad_samplers``)."""
+    from opacus.grad_sample import GradSampleModule
 
-    from fedcond.models import HyperHead
+    from fedcond.conditioning import MECHANISMS, mechanism
 
-    @register_grad_sampler(HyperHead)
-    def _hyper_head_grad_sample(
-        layer: HyperHead, activations: list[torch.Tensor], backprops: torch.Tensor
-    ) -> dict[nn.Parameter, torch.Tensor]:
-        # d logits_bc / d W_jck = s_bj [h_b || 1]_k: the per-sample gradient is an outer product.
-        condition, hidden = (activation.to(backprops.dtype) for activation in activations[:2])
-        augmented = torch.cat([hidden, torch.ones_like(hidden[:, :1])], dim=1)
-        return {layer.weight: torch.einsum("bj,bc,bk->bjck", condition, backprops, augmented)}
-
+    for name in MECHANISMS:
+        mechanism(name).register_grad_samplers()
     return frozenset(GradSampleModule.GRAD_SAMPLERS)
 
 

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedcond.conditioning import MECHANISMS, mechanism
 from fedcond.errors import FedcondError
 from fedcond.models import build_model, count_parameters, get_weights, set_weights
 
@@ -38,7 +39,19 @@ def test_concat_keeps_its_seeded_weights_and_film_starts_as_the_plain_network():
     torch.testing.assert_close(film(images, torch.zeros(1, 4)), film(images, torch.ones(1, 4)))
 
 
-@pytest.mark.parametrize("conditioning", ["concat", "film", "hyper"])
+@pytest.mark.parametrize("conditioning", list(MECHANISMS))
+@pytest.mark.parametrize(("shape", "hidden"), [((1, 28, 28), 128), ((1, 8, 8), 128), ((3, 32, 32), 256)])
+def test_every_mechanism_in_the_table_is_its_module_and_adds_what_it_says(conditioning, shape, hidden):
+    """One line in fedcond.conditioning.MECHANISMS and one module defining MECHANISM: its name is its
+    key, and the parameters it says it adds are the ones the network gains."""
+    chosen = mechanism(conditioning)
+    assert chosen.name == conditioning and chosen.summary
+    plain = count_parameters(build_model(shape, 10, 0, seed=0))
+    conditioned = count_parameters(build_model(shape, 10, 6, seed=0, conditioning=conditioning))
+    assert conditioned - plain == chosen.extra_parameters(6, hidden, 10)
+
+
+@pytest.mark.parametrize("conditioning", list(MECHANISMS))
 def test_every_conditioning_trains_and_uses_the_fingerprint(conditioning):
     model = build_model((1, 8, 8), 10, 4, seed=0, conditioning=conditioning)
     images, labels = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))

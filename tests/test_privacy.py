@@ -30,6 +30,7 @@ from fedcond import fingerprint as fp
 from fedcond import privacy
 from fedcond.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
 from fedcond.client_data import client_fingerprint, load_client_data
+from fedcond.conditioning import MECHANISMS
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import ERROR
@@ -58,7 +59,7 @@ def federation(config: RunConfig):
 
 
 # -- the attack ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("conditioning", ["concat", "film", "hyper"])
+@pytest.mark.parametrize("conditioning", list(MECHANISMS))
 def test_one_plain_update_gives_the_server_the_clients_fingerprint(conditioning):
     config = small_config(conditioning=conditioning)
     clients, raws, mean, std = federation(config)
@@ -110,7 +111,7 @@ def test_the_attack_refuses_an_unconditioned_model_and_a_foreign_update():
 
 # -- DP-SGD through Opacus -------------------------------------------------------------------------
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-@pytest.mark.parametrize("conditioning", ["concat", "film", "hyper"])
+@pytest.mark.parametrize("conditioning", list(MECHANISMS))
 def test_opacus_per_sample_gradients_add_up_to_the_batch_gradient(conditioning):
     from opacus import GradSampleModule
 

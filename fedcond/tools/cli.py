@@ -451,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def list_choices() -> int:
-    from fedcond.config import CONDITIONINGS
+    from fedcond.conditioning import MECHANISMS
     from fedcond.datasets import DATASETS
     from fedcond.fingerprint import FINGERPRINTS
     from fedcond.scenarios import SCENARIOS
@@ -465,7 +465,7 @@ def list_choices() -> int:
     ))  # fmt: skip
     print("datasets:  " + ", ".join(DATASETS))
     print("scenarios: " + ", ".join(SCENARIOS))
-    print("fingerprints: " + ", ".join(FINGERPRINTS) + "; conditionings: " + ", ".join(CONDITIONINGS))
+    print("fingerprints: " + ", ".join(FINGERPRINTS) + "; conditionings: " + ", ".join(MECHANISMS))
     return 0
 
 
