@@ -44,7 +44,7 @@ def build_client(context: Context, config: RunConfig) -> Client:
     method = get_method(config.method)
     data = node_data(context, config, partition_id)
     client, _ = federated(method)
-    return client(config, data, context, method.conditioned).to_client()
+    return client(config, data, context).to_client()
 
 
 def node_data(context: Context, config: RunConfig, partition_id: int) -> ClientData:

@@ -4,7 +4,7 @@ With ``client-dp = "client-side"`` the server's wrapper (strategies/client_dp.py
 norm into every training instruction; this mod then lets Flower's ``fixedclipping_mod`` clip the
 update (returned model minus received model) to that norm before it leaves the client. Without the
 key it does nothing, so one ClientApp serves every setting. A client that reports an error (no
-model: ``clients/numpy_client.py``) is passed through as it is, for the server to report its reason.
+model: ``clients/fedcond_client.py``) is passed through as it is, for the server to report its reason.
 
 A clipped reply reports one training sample: the noise is calibrated to an unweighted mean of the
 clipped updates, and under SecAgg+ (clients/secure_aggregation.py, which masks this reply) the

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from clients.numpy_client import Evaluated, FedcondClient, Fitted
+from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.config import Option
 from fedcond.models import set_weights
 from fedcond.training import ProximalTerm

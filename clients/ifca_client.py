@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.numpy_client import Evaluated, FedcondClient, Fitted
+from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.aggregation import lowest_loss_choice
 from fedcond.errors import FedcondError
 from fedcond.messages import CHOICE, TRAIN_LOSS

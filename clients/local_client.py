@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.numpy_client import Evaluated, FedcondClient, Fitted
+from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.messages import TRAIN_LOSS
 from fedcond.models import ConditionalCNN
 

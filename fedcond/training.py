@@ -352,7 +352,7 @@ def _private_epochs(
 
 
 # no_grad, not inference_mode: a model moved to CUDA inside inference_mode gets inference tensors as
-# parameters, and a model reused across messages (clients/numpy_client.py) could then never train again.
+# parameters, and a model reused across messages (clients/fedcond_client.py) could then never train again.
 @torch.no_grad()
 def evaluate(model: nn.Module, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None) -> EvalResult:
     """Mean cross-entropy and accuracy on ``images``; never changes the model."""

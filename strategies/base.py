@@ -27,24 +27,14 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from flwr.serverapp.grid import Grid
 
-from fedcond import fingerprint as fp
-from fedcond import secure_sum as statistics
 from fedcond.aggregation import Model, StreamingAverage
 from fedcond.checkpoint import GLOBAL_MODEL, Checkpoint
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
-from fedcond.messages import (
-    ERROR,
-    FINGERPRINT_MEAN,
-    FINGERPRINT_STD,
-    SERVER_ROUND,
-    STEP,
-    STEP_STATISTICS,
-    array_to_bytes,
-)
+from fedcond.messages import ERROR, SERVER_ROUND
 from fedcond.models import build_run_model, get_weights
-from fedcond.participation import EVALUATE, FIT, NODE_LEFT, STATISTICS, Failure, RoundParticipation
+from fedcond.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundParticipation
 from fedcond.privacy import SampleLevelPrivacy
 from fedcond.scenarios import Scenario
 from fedcond.secure_aggregation import SecureAggregation
@@ -57,7 +47,7 @@ from strategies.accounting import (
 )
 from strategies.federation import ROUND_TIMEOUT, all_clients, message_timeout
 from strategies.membership import Membership, PartitionProxy
-from strategies.secure_aggregation import SecureSum, secure_sum, workflow_for
+from strategies.secure_aggregation import SecureSum
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
@@ -125,8 +115,8 @@ class FedcondStrategy(Strategy):
     ``evaluate_parameters``) and how returned models are combined (``combine``); a client is its
     partition id throughout (``strategies.membership``), never Flower's node id. Before round 1 the
     strategy checks that one node per client is connected, asks each node which partition it holds
-    and, for conditioned methods with ``normalisation = "federated"``, sums the fingerprint
-    statistics through SecAgg+ (``publish_fingerprint_statistics``).
+    and runs the method's own set-up exchange (``set_up``; the conditional method's secure sum of
+    fingerprint statistics, ``strategies/conditional.py``).
 
     With ``secure-aggregation = "secaggplus"`` the fit step of every round is SecAgg+'s
     (``strategies.checkpointing``): the strategy gives the instructions as always, but never sees a
@@ -195,6 +185,11 @@ class FedcondStrategy(Strategy):
         return range(self.inputs.config.num_training_clients)
 
     # -- hooks ---------------------------------------------------------------------------------------
+    def set_up(self, client_manager: ClientManager) -> None:
+        """A new run's exchange with the clients before round 1, once the membership step knows every
+        client (a resumed run has its outcome in ``state``): nothing here (``ConditionalFedAvg`` sums
+        the fingerprint statistics)."""
+
     def on_start(self) -> None:
         """Called once before round 1, when ``self.membership`` knows every client."""
 
@@ -239,8 +234,8 @@ class FedcondStrategy(Strategy):
         config = self.inputs.config
         self.membership.start(all_clients(client_manager, config))
         resume = self.inputs.resume
-        if resume is None and self.inputs.conditioned and config.normalisation == "federated":
-            self.publish_fingerprint_statistics(client_manager)
+        if resume is None:
+            self.set_up(client_manager)
         self.on_start()
         if resume is None:
             return self.initial_global()
@@ -249,38 +244,6 @@ class FedcondStrategy(Strategy):
         if GLOBAL_MODEL in resume.models:
             return ndarrays_to_parameters(resume.models[GLOBAL_MODEL])
         return EMPTY
-
-    def publish_fingerprint_statistics(self, client_manager: ClientManager) -> None:
-        """The federation's fingerprint mean and std from SecAgg+'s sum of every training client's
-        (f, f^2, 1) (exact digits: fedcond.secure_sum), into every later instruction. A client that
-        drops out is left out of the statistics; fewer than ``secagg-min-clients`` stop the run."""
-        config = self.inputs.config
-        num_classes, clusters = self.inputs.num_classes, config.num_clusters
-        dim = fp.fingerprint_size(config.fingerprint, config.fingerprint_dim, num_classes, clusters)
-        participation = RoundParticipation(0, self.training_partitions)
-        question = {STEP: STEP_STATISTICS, SERVER_ROUND: 0}
-        instructions = [
-            (PartitionProxy(self.membership.node_of[partition], partition, participation, STATISTICS),
-             FitIns(EMPTY, dict(question)))
-            for partition in self.training_partitions
-        ]  # fmt: skip
-        workflow = workflow_for(
-            self.secure.num_shares, self.secure.reconstruction_threshold, statistics.CLIPPING_RANGE,
-            statistics.QUANTIZATION_RANGE, max_weight=1.0, timeout=message_timeout(config),
-        )  # fmt: skip
-        grid = self.inputs.grid_for("the fingerprint statistics' secure sum")
-        outcome = secure_sum(grid, instructions, workflow, 0, client_manager)
-        self.secure_sum_bytes = outcome.bytes_down + outcome.bytes_up
-        failures = [Failure(0, STATISTICS, partition, *why) for partition, why in outcome.dropped.items()]
-        failures += [Failure(0, STATISTICS, p, how, late(reason)) for p, (how, reason) in outcome.late.items()]
-        self.report_failures(failures)
-        self.check_secure_outcome(outcome, "the fingerprint statistics", failures)
-        count = len(outcome.contributors)
-        total, total_of_squares = statistics.open_statistics(outcome.mean[0], count)  # type: ignore[index]
-        if len(total) != dim:
-            raise FedcondError(f"the secure sum gave {len(total)} statistics, expected {dim}; fingerprint-dim differs")
-        mean, std = fp.mean_and_std(total, total_of_squares, count)
-        self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
 
     def check_secure_outcome(self, outcome: SecureSum, what: str, failures: list[Failure]) -> None:
         """Stop the run (one line) when SecAgg+ gave no sum, or one over fewer than ``secagg-min-clients``."""

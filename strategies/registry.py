@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from clients.conditional_client import ConditionalClient
 from clients.ditto_client import DittoClient
+from clients.fedcond_client import FedcondClient
 from clients.ifca_client import IfcaClient
 from clients.local_client import LocalClient
-from clients.numpy_client import FedcondClient
 from fedcond import privacy, secure_aggregation
 from fedcond.checkpoint import RESUME, check_resume, resume_folder
 from fedcond.config import Option, RunConfig
@@ -27,6 +28,7 @@ from fedcond.scenarios import scenario_for, validate_without_data
 from strategies import client_dp
 from strategies.base import FedcondStrategy
 from strategies.cluster_models import IfcaStrategy, OracleStrategy
+from strategies.conditional import ConditionalFedAvg
 from strategies.fedavg import FedcondFedAvg
 from strategies.local import LocalStrategy
 from strategies.peer import DacStrategy, GossipStrategy
@@ -41,13 +43,18 @@ class Method:
     #: None for the pooled references, which train centrally, in-process, without Flower.
     client: type[FedcondClient] | None
     strategy: type[FedcondStrategy] | None
-    #: Whether the model is fed the client's fingerprint.
+    #: Whether the model is fed the client's fingerprint: a federated method's client class says so
+    #: (``ConditionalClient``); a pooled one's entry.
     conditioned: bool = False
     #: "federated" (Flower rounds) or "pooled" (the paper's centralised protocol, ``fedcond.pooled``).
     protocol: str = "federated"
     #: A named variant: the method it runs (``variant_of``) and the settings it fixes on top of it.
     variant_of: str = ""
     fixed_settings: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.client is not None:  # one source: the client class that feeds (or not) the fingerprint
+            object.__setattr__(self, "conditioned", self.client.conditioned)
 
     @property
     def options(self) -> tuple[Option, ...]:
@@ -72,11 +79,11 @@ def registry() -> dict[str, Method]:
     """Every method by name, in the order reports list them."""
     methods = (
         Method("fedavg", "one global backbone CNN, FedAvg over all clients", FedcondClient, FedcondFedAvg),
-        Method("conditional", "one global CNN fed each client's fingerprint", FedcondClient, FedcondFedAvg, True),
+        Method("conditional", "one global CNN fed each client's fingerprint", ConditionalClient, ConditionalFedAvg),
         # Not the paper's method: a named variant of it (docs/instability.md), never swapped in silently.
         Method(
             "recommended", "conditional with a label-aware fingerprint generating the output layer",
-            FedcondClient, FedcondFedAvg, True, variant_of="conditional",
+            ConditionalClient, ConditionalFedAvg, variant_of="conditional",
             fixed_settings=(("fingerprint", "class-mean"), ("conditioning", "hyper")),
         ),
         Method("local", "each client trains only its own model", LocalClient, LocalStrategy),

@@ -151,7 +151,7 @@ def client_of(method: str, partition_id: int = 0, **settings):
     config = RunConfig(method=method, **{**SMALL, **settings})
     chosen = get_method(method)
     context = Context(0, 0, {"partition-id": partition_id, "num-partitions": 4}, RecordDict(), {})
-    return chosen.client(config, load_client_data(config, partition_id), context, chosen.conditioned)
+    return chosen.client(config, load_client_data(config, partition_id), context)
 
 
 def always_class(client, label: int) -> list[np.ndarray]:
@@ -179,11 +179,11 @@ def test_ditto_returns_the_global_model_and_is_evaluated_with_its_personal_one()
 
 @pytest.mark.parametrize("method", ["conditional", "recommended"])
 def test_a_conditioned_client_feeds_the_model_its_own_normalised_fingerprint(method, monkeypatch):
-    import clients.numpy_client as numpy_client
+    import clients.fedcond_client as fedcond_client
 
     seen = []
-    real_evaluate = numpy_client.evaluate
-    monkeypatch.setattr(numpy_client, "evaluate", lambda *args: seen.append(args[3]) or real_evaluate(*args))
+    real_evaluate = fedcond_client.evaluate
+    monkeypatch.setattr(fedcond_client, "evaluate", lambda *args: seen.append(args[3]) or real_evaluate(*args))
     round_config = {SERVER_ROUND: 1}
     clients = [client_of(method, pid, normalisation="log" if method == "conditional" else "none") for pid in (0, 2)]
     for client in clients:

@@ -75,7 +75,7 @@ def client_of(method, partition_id=0):
     config = RunConfig(method=method, num_clusters=2, clients_per_cluster=2, local_epochs=1)
     chosen = get_method(method)
     context = Context(0, 0, {"partition-id": partition_id, "num-partitions": 4}, RecordDict(), {})
-    return chosen.client(config, load_client_data(config, partition_id), context, chosen.conditioned)
+    return chosen.client(config, load_client_data(config, partition_id), context)
 
 
 def test_every_method_shuffles_by_the_same_rule():

@@ -131,7 +131,7 @@ def benchmark_module():
 
 
 def test_the_bare_loop_averages_and_shuffles_as_the_framework_does():
-    from clients.numpy_client import FedcondClient
+    from clients.fedcond_client import FedcondClient
 
     bench = benchmark_module()
     rng = np.random.default_rng(7)

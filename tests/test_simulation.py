@@ -127,6 +127,7 @@ FAMILIES = [
     ("oracle", Fault(3, 2, FIT, REPORT), "failed", "injected fault: partition 3 round 2 fit"),
     ("gossip", Fault(1, 2, FIT, RAISE), "failed", "injected fault: partition 1 round 2 fit"),
     ("local", Fault(0, 2, FIT, RAISE), "failed", "injected fault: partition 0 round 2 fit"),
+    ("fedavg", Fault(2, 2, FIT, REPORT), "failed", "injected fault: partition 2 round 2 fit"),
 ]
 
 

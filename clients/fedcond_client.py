@@ -1,8 +1,9 @@
-"""The fedcond client: trains the shared (optionally fingerprint-conditioned) CNN on local data.
+"""The fedcond client: trains the shared CNN on local data.
 
-``FedcondClient`` is the behaviour of fedavg, conditional, oracle, gossip and dac (train what you
-receive, return it); ``local``, ``ditto`` and ``ifca`` subclass it in their own modules and override
-only ``train_round`` and/or ``evaluate_round``.
+``FedcondClient`` is the behaviour of fedavg, oracle, gossip and dac (train what you receive, return
+it); ``conditional``, ``local``, ``ditto`` and ``ifca`` subclass it in their own modules and override
+only what differs (``conditional_client.py`` adds the fingerprint: the model's extra input and the
+client's part of the fingerprint statistics).
 
 Names: ``run_config`` is the run's ``RunConfig``; ``round_config`` is the dict Flower delivers with
 each instruction (the round number, the federation's fingerprint statistics, ...).
@@ -18,30 +19,14 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context
 
-from fedcond import fingerprint as fp
-from fedcond import secure_sum
-from fedcond.client_data import ClientData, client_fingerprint, reuse_enabled
+from fedcond.client_data import ClientData, reuse_enabled
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.messages import (
-    ACCURACY,
-    EPSILON,
-    ERROR,
-    FINGERPRINT_MEAN,
-    FINGERPRINT_STD,
-    PARTITION_ID,
-    SERVER_ROUND,
-    STEP,
-    STEP_IDENTITY,
-    STEP_STATISTICS,
-    TRAIN_LOSS,
-    array_from_bytes,
-)
+from fedcond.messages import ACCURACY, EPSILON, ERROR, PARTITION_ID, SERVER_ROUND, STEP, STEP_IDENTITY, TRAIN_LOSS
 from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
-from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy, private_fingerprint
+from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, evaluate, train, train_private
 
-FINGERPRINT_KEY = "fingerprint"
 #: Every DP mechanism this client ran on its training data (fedcond.privacy.PrivacyLedger), in its state.
 PRIVACY_LEDGER_KEY = "privacy-ledger"
 
@@ -58,17 +43,21 @@ def _reusable_model(run_config: RunConfig, num_classes: int, conditioned: bool) 
 
 
 class FedcondClient(NumPyClient):
-    """A client of ``fedavg`` (plain backbone) or ``conditional`` (backbone fed the fingerprint).
+    """A client of ``fedavg``: trains the plain backbone it receives and returns it.
 
-    Flower rebuilds the client for every message, so everything that must outlive one message (the
-    fingerprint, a personal model, the privacy ledger; SecAgg+'s mod keeps its keys there too) lives
-    in ``context.state``, never on ``self``.
+    Flower rebuilds the client for every message, so everything that must outlive one message (a
+    personal model, the privacy ledger, the fingerprint; SecAgg+'s mod keeps its keys there too)
+    lives in ``context.state``, never on ``self``.
 
     What a client sends says nothing of its cluster: fit replies carry the model (or, for IFCA, also
     its choice), the training loss and, with sample-level DP, the epsilon spent; evaluate replies the
     loss and accuracy on its test set. The one identity answer, before round 1, is the partition id
     the node's operator configured: the node's name, by which the server keeps per-client state.
     """
+
+    #: Whether the model this client trains takes a fingerprint (``ConditionalClient``): the method's
+    #: model, as the server builds it too (``strategies.registry.Method.conditioned``).
+    conditioned: ClassVar[bool] = False
 
     #: Run-config settings of this client behaviour, declared here rather than in a central list.
     options: ClassVar[tuple[Option, ...]] = ()
@@ -80,12 +69,11 @@ class FedcondClient(NumPyClient):
     #: fingerprint is computed again from the same data, SecAgg+'s keys live one aggregation).
     state_lost_on_resume: ClassVar[str] = ""
 
-    def __init__(self, run_config: RunConfig, data: ClientData, context: Context, conditioned: bool) -> None:
+    def __init__(self, run_config: RunConfig, data: ClientData, context: Context) -> None:
         run_config = run_config.resolved()
         self.run_config = run_config
         self.data = data
         self.state = context.state
-        self.conditioned = conditioned
         self.model = self.working_model()
         self.train_settings = TrainSettings.of(run_config)
         self.privacy = SampleLevelPrivacy.of(run_config)
@@ -153,33 +141,9 @@ class FedcondClient(NumPyClient):
         result = evaluate(model, self.data.test_x, self.data.test_y, self.condition(round_config))
         return result.loss, result.num_samples, {ACCURACY: result.accuracy}
 
-    # -- the fingerprint: computed once, on local training data only, kept in client state --------
-    def raw_fingerprint(self) -> np.ndarray:
-        """The fingerprint before normalisation: with ``fingerprint-epsilon``, noised once, here, and
-        only the noisy vector kept (the ledger records the release)."""
-        if FINGERPRINT_KEY not in self.state.array_records:
-            vector = client_fingerprint(self.run_config, self.data)
-            if self.privacy.private_fingerprint and fp.fingerprint_spec(self.run_config.fingerprint).needs_data:
-                release = private_fingerprint(
-                    vector, self.run_config.fingerprint, self.data.train_x, self.data.train_y,
-                    self.data.num_classes, self.run_config.fingerprint_dim, self.privacy,
-                )  # fmt: skip
-                vector = release.vector
-                ledger = self.privacy_ledger()
-                ledger.add(release.noise_multiplier, 1.0, 1)
-                self.save_privacy_ledger(ledger)
-            self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
-        return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]
-
     def condition(self, round_config: dict[str, object]) -> np.ndarray | None:
-        """The normalised fingerprint the model is fed, or None for an unconditioned method."""
-        if not self.conditioned:
-            return None
-        mean = std = None
-        if self.run_config.normalisation == "federated":
-            mean = array_from_bytes(round_config.get(FINGERPRINT_MEAN), FINGERPRINT_MEAN)
-            std = array_from_bytes(round_config.get(FINGERPRINT_STD), FINGERPRINT_STD)
-        return fp.normalise(self.raw_fingerprint(), self.run_config.normalisation, mean, std)
+        """What the model is fed beside the images: nothing here (``ConditionalClient`` feeds the fingerprint)."""
+        return None
 
     # -- sample-level privacy: what the client has spent so far -----------------------------------------
     def privacy_ledger(self) -> PrivacyLedger:
@@ -204,10 +168,7 @@ class FedcondClient(NumPyClient):
     # -- Flower's entry points: a FedcondError becomes a one-line report, not a traceback ---------------
     def fit(self, parameters: list[np.ndarray], config: dict[str, object]) -> Fitted:
         try:
-            if config.get(STEP) == STEP_STATISTICS:
-                return self.statistics_contribution()
-            weights, num_examples, metrics = self.train_round(parameters, config)
-            return weights, num_examples, {**metrics, **self.privacy_metrics()}
+            return self.fit_instruction(parameters, config)
         except FedcondError as error:
             return [], 0, {ERROR: str(error)}
 
@@ -232,12 +193,12 @@ class FedcondClient(NumPyClient):
             f"unknown question {question.get(STEP)!r} before round 1; server and client run other fedcond versions"
         )
 
-    def statistics_contribution(self) -> Fitted:
-        """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1
-        (a training instruction that only SecAgg+'s mod delivers: clients/secure_aggregation.py)."""
-        return [secure_sum.encode(secure_sum.statistics_vector(self.raw_fingerprint()))], 1, {}
-
     # -- federated rounds: what a method's client overrides --------------------------------------------
+    def fit_instruction(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
+        """A training instruction: one round of training (a subclass may answer other steps)."""
+        weights, num_examples, metrics = self.train_round(parameters, round_config)
+        return weights, num_examples, {**metrics, **self.privacy_metrics()}
+
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         set_weights(self.model, parameters)
         loss = self.train_locally(self.model, round_config)

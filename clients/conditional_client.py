@@ -1,0 +1,66 @@
+"""The paper's method on the client: the shared CNN fed this client's fingerprint.
+
+Everything the fingerprint needs on a client lives here: computing it once from the local training
+data (``fedcond.client_data.client_fingerprint``; with ``fingerprint-epsilon`` noised once, its
+release entered in the privacy ledger), keeping it in ``context.state`` (it is never sent as such),
+normalising it with the federation's published statistics, feeding it to the model, and this
+client's part of those statistics: (f, f^2, 1) as exact digits for SecAgg+'s sum before round 1
+(``strategies/conditional.py`` runs that sum).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from flwr.common import ArrayRecord
+
+from clients.fedcond_client import FedcondClient, Fitted
+from fedcond import fingerprint as fp
+from fedcond import secure_sum
+from fedcond.client_data import client_fingerprint
+from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, STEP, STEP_STATISTICS, array_from_bytes
+from fedcond.privacy import private_fingerprint
+
+FINGERPRINT_KEY = "fingerprint"
+
+
+class ConditionalClient(FedcondClient):
+    """A client of ``conditional`` (and its variants): FedAvg's behaviour, the model fed the fingerprint."""
+
+    conditioned: ClassVar[bool] = True
+
+    def raw_fingerprint(self) -> np.ndarray:
+        """The fingerprint before normalisation: with ``fingerprint-epsilon``, noised once, here, and
+        only the noisy vector kept (the ledger records the release)."""
+        if FINGERPRINT_KEY not in self.state.array_records:
+            vector = client_fingerprint(self.run_config, self.data)
+            if self.privacy.private_fingerprint and fp.fingerprint_spec(self.run_config.fingerprint).needs_data:
+                release = private_fingerprint(
+                    vector, self.run_config.fingerprint, self.data.train_x, self.data.train_y,
+                    self.data.num_classes, self.run_config.fingerprint_dim, self.privacy,
+                )  # fmt: skip
+                vector = release.vector
+                ledger = self.privacy_ledger()
+                ledger.add(release.noise_multiplier, 1.0, 1)
+                self.save_privacy_ledger(ledger)
+            self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
+        return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]
+
+    def condition(self, round_config: dict[str, object]) -> np.ndarray | None:
+        """The normalised fingerprint the model is fed."""
+        mean = std = None
+        if self.run_config.normalisation == "federated":
+            mean = array_from_bytes(round_config.get(FINGERPRINT_MEAN), FINGERPRINT_MEAN)
+            std = array_from_bytes(round_config.get(FINGERPRINT_STD), FINGERPRINT_STD)
+        return fp.normalise(self.raw_fingerprint(), self.run_config.normalisation, mean, std)
+
+    def fit_instruction(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
+        if round_config.get(STEP) == STEP_STATISTICS:
+            return self.statistics_contribution()
+        return super().fit_instruction(parameters, round_config)
+
+    def statistics_contribution(self) -> Fitted:
+        """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1
+        (a training instruction that only SecAgg+'s mod delivers: clients/secure_aggregation.py)."""
+        return [secure_sum.encode(secure_sum.statistics_vector(self.raw_fingerprint()))], 1, {}

@@ -1,0 +1,67 @@
+"""The paper's method on the server: FedAvg of the conditioned model, after the fingerprint statistics.
+
+Its one step of its own comes before round 1: with ``normalisation = "federated"`` the server sums
+every training client's (f, f^2, 1) through Flower's SecAgg+ and sends every client the mean and
+standard deviation that result (``clients/conditional_client.py`` computes and normalises its own
+fingerprint with them). Rounds are FedAvg's (``strategies/fedavg.py``).
+"""
+
+from __future__ import annotations
+
+from flwr.common import FitIns
+from flwr.server.client_manager import ClientManager
+
+from fedcond import fingerprint as fp
+from fedcond import secure_sum as statistics
+from fedcond.errors import FedcondError
+from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
+from fedcond.participation import STATISTICS, Failure, RoundParticipation
+from strategies.base import EMPTY, late
+from strategies.fedavg import FedcondFedAvg
+from strategies.federation import message_timeout
+from strategies.membership import PartitionProxy
+from strategies.secure_aggregation import secure_sum, workflow_for
+
+
+class ConditionalFedAvg(FedcondFedAvg):
+    """FedAvg of the model every client feeds its own fingerprint, after the statistics' secure sum.
+
+    A held-out client evaluates the global model fed its own fingerprint; it is not in the sum (it
+    stands for a client that joins later) and receives the published statistics.
+    """
+
+    def set_up(self, client_manager: ClientManager) -> None:
+        if self.inputs.config.normalisation == "federated":
+            self.publish_fingerprint_statistics(client_manager)
+
+    def publish_fingerprint_statistics(self, client_manager: ClientManager) -> None:
+        """The federation's fingerprint mean and std from SecAgg+'s sum of every training client's
+        (f, f^2, 1) (exact digits: fedcond.secure_sum), into every later instruction. A client that
+        drops out is left out of the statistics; fewer than ``secagg-min-clients`` stop the run."""
+        config = self.inputs.config
+        num_classes, clusters = self.inputs.num_classes, config.num_clusters
+        dim = fp.fingerprint_size(config.fingerprint, config.fingerprint_dim, num_classes, clusters)
+        participation = RoundParticipation(0, self.training_partitions)
+        question = {STEP: STEP_STATISTICS, SERVER_ROUND: 0}
+        instructions = [
+            (PartitionProxy(self.membership.node_of[partition], partition, participation, STATISTICS),
+             FitIns(EMPTY, dict(question)))
+            for partition in self.training_partitions
+        ]  # fmt: skip
+        workflow = workflow_for(
+            self.secure.num_shares, self.secure.reconstruction_threshold, statistics.CLIPPING_RANGE,
+            statistics.QUANTIZATION_RANGE, max_weight=1.0, timeout=message_timeout(config),
+        )  # fmt: skip
+        grid = self.inputs.grid_for("the fingerprint statistics' secure sum")
+        outcome = secure_sum(grid, instructions, workflow, 0, client_manager)
+        self.secure_sum_bytes = outcome.bytes_down + outcome.bytes_up
+        failures = [Failure(0, STATISTICS, partition, *why) for partition, why in outcome.dropped.items()]
+        failures += [Failure(0, STATISTICS, p, how, late(reason)) for p, (how, reason) in outcome.late.items()]
+        self.report_failures(failures)
+        self.check_secure_outcome(outcome, "the fingerprint statistics", failures)
+        count = len(outcome.contributors)
+        total, total_of_squares = statistics.open_statistics(outcome.mean[0], count)  # type: ignore[index]
+        if len(total) != dim:
+            raise FedcondError(f"the secure sum gave {len(total)} statistics, expected {dim}; fingerprint-dim differs")
+        mean, std = fp.mean_and_std(total, total_of_squares, count)
+        self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
