@@ -54,7 +54,8 @@ from fedcond.config import RunConfig
 from fedcond.history import error_line, mark_failed, run_status
 from fedcond.tools.flwr_commands import parse_assignments
 from strategies import client_dp
-from strategies.registry import check_run, run_config
+from strategies.checks import check_run
+from strategies.registry import run_config
 from strategies.simulation import simulate
 
 # name -> run-config settings on top of the command line's.

@@ -27,7 +27,7 @@ from clients.secure_aggregation import secure_aggregation_mod
 from fedcond.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from strategies.registry import federated, get_method, run_config
+from strategies.registry import client_run_config, federated, get_method
 
 
 def build_client(context: Context, config: RunConfig) -> Client:
@@ -42,8 +42,10 @@ def build_client(context: Context, config: RunConfig) -> Client:
     if "data-dir" in context.node_config:
         config = config.replace(data_dir=str(context.node_config["data-dir"]))
     method = get_method(config.method)
+    client = method.client  # its own class alone: a ClientApp loads nothing of the server's strategies
+    if client is None:
+        federated(method)  # refuses a pooled method in one line
     data = node_data(context, config, partition_id)
-    client, _ = federated(method)
     return client(config, data, context).to_client()
 
 
@@ -81,7 +83,7 @@ def make_client_app(config: RunConfig | None = None, mods: Sequence[Mod] = ()) -
     """
 
     def settings(context: Context) -> RunConfig:
-        return config or run_config(context.run_config)
+        return config or client_run_config(context.run_config)
 
     def client_fn(context: Context) -> Client:
         threads_for_this_actor()

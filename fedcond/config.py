@@ -72,11 +72,15 @@ class RunConfig:
     options: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any], declared: Sequence[Option] = ()) -> RunConfig:
+    def from_mapping(
+        cls, mapping: Mapping[str, Any], declared: Sequence[Option] = (), keep_unknown: bool = False
+    ) -> RunConfig:
         """Build from a run-config mapping (kebab-case keys); unknown keys and bad types are errors.
 
         ``declared`` are the methods' own options (the method registry knows them all); those not
         in ``mapping`` take their defaults, so ``run.json`` records every value a run could read.
+        With ``keep_unknown`` (a ClientApp, which declares only what it reads), a key that is no
+        field and no declared option is kept as given among the options instead of refused.
         """
         by_key = {field.name.replace("_", "-"): field for field in fields(cls) if field.name != "options"}
         options = {option.key: option for option in declared}
@@ -87,6 +91,9 @@ class RunConfig:
                 chosen[key] = options[key].coerce(raw)
                 continue
             field = by_key.get(key)
+            if field is None and keep_unknown:
+                chosen[key] = raw
+                continue
             if field is None:
                 known = ", ".join(sorted([*by_key, *options]))
                 raise FedcondError(f"unknown run-config key '{key}'; known keys: {known}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from sklearn.metrics import adjusted_rand_score
 
 from fedcond.aggregation import Model, average_per_group
 from fedcond.errors import FedcondError
@@ -123,9 +124,5 @@ class IfcaStrategy(ClusterModels):
             raise FedcondError("an IFCA client chose a model that does not exist; server and client disagree on K")
         self.assignment.update({partition: choice for (partition, _), choice in zip(results, choices, strict=True)})
         truth = [self.inputs.true_clusters[partition] for partition, _ in results]  # the server's scenario
-        # Imported here, on the server: the registry makes every ClientApp import this module, and
-        # scikit-learn (with scipy.stats) costs ~0.9 s in each deployed ClientApp process (one per message).
-        from sklearn.metrics import adjusted_rand_score
-
         self.tracker.set_ari(float(adjusted_rand_score(truth, choices)))
         return choices

@@ -18,8 +18,9 @@ from fedcond.scenarios import scenario_for
 from strategies import client_dp
 from strategies.base import StrategyInputs
 from strategies.checkpointing import CheckpointingServer
+from strategies.checks import check_run
 from strategies.federation import message_timeout
-from strategies.registry import check_run, federated, run_config
+from strategies.registry import federated, run_config
 
 
 def run_server(grid: Grid, config: RunConfig) -> RunRecorder:

@@ -102,7 +102,8 @@ def test_fedcond_run_goes_through_flwr_run(tmp_path):
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].joinpath("experiments").glob("*.toml")))
 def test_every_experiment_file_is_a_valid_configuration(path):
     from fedcond.tools.flwr_commands import default_config, read_override_file
-    from strategies.registry import check_run, run_config
+    from strategies.checks import check_run
+    from strategies.registry import run_config
 
     overrides = read_override_file(str(path))
     assert overrides, f"{path.name} sets nothing"

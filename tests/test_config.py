@@ -4,7 +4,8 @@ from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.scenarios import validate_without_data
 from fedcond.tools.flwr_commands import default_config, parse_assignments
-from strategies.registry import check_run, declared_options, get_method, run_config
+from strategies.checks import check_run
+from strategies.registry import declared_options, get_method, run_config
 
 
 def test_pyproject_defaults_are_a_valid_config():

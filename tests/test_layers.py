@@ -85,20 +85,38 @@ def test_the_layers_point_one_way():
         if name.startswith(("clients", "strategies")):
             assert not any(target.startswith("fedcond.tools") for target in imported), (name, imported)
         if name.startswith("clients"):
-            allowed = name == "clients.app"  # the ClientApp finds the method's client in the registry
-            assert allowed or not any(target.startswith("strategies") for target in imported), (name, imported)
+            # The ClientApp finds the method's client in the method table, and nothing else of the server's.
+            allowed = {"strategies.registry"} if name == "clients.app" else set()
+            assert not {t for t in imported if t.startswith("strategies")} - allowed, (name, imported)
+    # The method table names its classes and imports them when asked: it imports no client or strategy
+    # when it is imported (type hints and function bodies aside).
+    tree = ast.parse(modules["strategies.registry"].read_text())
+    top = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)] + [
+        alias.name for n in tree.body if isinstance(n, ast.Import) for alias in n.names
+    ]
+    assert not [name for name in top if name and name.startswith(("clients", "strategies"))], top
 
 
 @pytest.mark.slow
 def test_a_clientapp_process_imports_no_server_or_report_libraries():
     """A deployed ClientApp is a new process per message (Flower 1.42): every import is paid twice a
-    round on every node. scikit-learn (IFCA's ARI), scipy's sparse SVD (computing a fingerprint, once
-    per node), plotting and the tools stay out of it."""
+    round on every node. Building any method's client loads its own client class and no strategy:
+    scikit-learn (IFCA's ARI), scipy's sparse SVD (computing a fingerprint, once per node), plotting,
+    the tools and the server's strategies stay out of it."""
     script = (
         "import sys\n"
         "import clients.app\n"
+        "from flwr.common import Context, RecordDict\n"
+        "from fedcond.config import RunConfig\n"
+        "for method in ('conditional', 'ifca', 'ditto', 'dac'):\n"
+        "    context = Context(0, 0, {'partition-id': 0, 'num-partitions': 4}, RecordDict(), {})\n"
+        "    clients.app.build_client(context, RunConfig(method=method, num_clusters=2, clients_per_cluster=2))\n"
         "heavy = ('sklearn', 'scipy.stats', 'scipy.sparse.linalg', 'matplotlib', 'fedcond.tools', 'ray')\n"
-        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+        "heavy += ('strategies.',)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy) and m != 'strategies.registry'))\n"
     )
+    from fedcond.datasets import load_dataset
+
+    load_dataset("digits", None)  # decoded into the shared cache here, as a deployed node finds its data
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
     assert result.stdout.strip() == "[]"

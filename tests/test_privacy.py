@@ -38,9 +38,10 @@ from fedcond.models import build_model, build_run_model, get_weights
 from fedcond.tools.experiment import Experiment, record_experiment
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, train, train_private
 from strategies.base import EMPTY, StrategyInputs
+from strategies.checks import check_run
 from strategies.client_dp import ServerSideClientDp
 from strategies.fedavg import FedcondFedAvg
-from strategies.registry import check_run, run_config
+from strategies.registry import run_config
 from tests.scripts import load_script
 
 # Two clusters of one client each on digits, one local epoch: ~70 training samples per client.

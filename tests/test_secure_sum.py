@@ -15,8 +15,9 @@ from fedcond.client_data import client_fingerprint, load_client_data
 from fedcond.errors import FedcondError
 from fedcond.messages import SERVER_ROUND, STEP, STEP_STATISTICS
 from fedcond.participation import STATISTICS, RoundParticipation
+from strategies.checks import check_run
 from strategies.membership import PartitionProxy
-from strategies.registry import check_run, run_config
+from strategies.registry import run_config
 from strategies.secure_aggregation import secure_sum as run_secure_sum
 from strategies.secure_aggregation import workflow_for
 from tests.secagg_harness import FIRST_NODE_ID, InProcessGrid

@@ -232,7 +232,8 @@ def _folder_name(labels: Mapping[str, str]) -> str:
 
 def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> list[PlannedRun]:
     """Every combination of axis values as a checked run (no data is loaded here)."""
-    from strategies.registry import check_run, run_config
+    from strategies.checks import check_run
+    from strategies.registry import run_config
 
     planned = []
     axes = list(experiment.axes.items())

@@ -1,0 +1,79 @@
+"""Every check a run has before anything starts: how its settings fit together.
+
+``RunConfig`` checks each value on its own; ``check_run`` checks the dataset, scenario, encoder,
+method, held-out clients, privacy and secure-aggregation settings against each other (and, with
+``resume``, the run it continues), and is the one place every entry point calls: the ServerApp,
+``fedcond run``, compare, sweep, deploy-local and export-partitions.
+"""
+
+from __future__ import annotations
+
+from fedcond import privacy, secure_aggregation
+from fedcond.checkpoint import check_resume, resume_folder
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.scenarios import scenario_for, validate_without_data
+from strategies import client_dp
+from strategies.registry import Method, get_method, held_out_methods
+
+
+def check_run(config: RunConfig, load_data: bool = False) -> Method:
+    """Every check a run has before anything starts; returns its method.
+
+    ``RunConfig`` has already checked each value on its own; this checks how they fit together
+    (dataset, scenario, encoder, method, held-out clients) and, with ``resume``, that the run it
+    names can go on with these settings (``fedcond.checkpoint.check_resume``). With ``load_data`` it also reads and
+    splits the data, so missing files or clients with too few samples stop the run here too.
+    """
+    validate_without_data(config)
+    method = get_method(config.method)
+    if config.held_out_clients and not method.serves_held_out_clients:
+        supported = held_out_methods()
+        raise FedcondError(
+            f"held-out-clients has no meaning for {method.name} (a client that never trains has no model of its "
+            f"own there); set held-out-clients=0 or use one of {', '.join(supported)} "
+            f"(compare: --methods {','.join(supported)})"
+        )
+    check_privacy(config, method)
+    if resume_folder(config) is not None:
+        check_resume(config)
+    if load_data:
+        scenario_for(config)
+    check_secure_aggregation(config, method)  # after the data: too many clients for the data says so first
+    return method
+
+
+def check_secure_aggregation(config: RunConfig, method: Method) -> None:
+    """Secure aggregation (docs/privacy.md) against the method and the federation, in one line."""
+    if method.strategy is not None:
+        sums_statistics = method.conditioned and config.normalisation == "federated"
+        refusal = method.strategy.secure_aggregation_refusal
+        secure_aggregation.check_secure_aggregation(config, refusal, sums_statistics)
+    elif secure_aggregation.SecureAggregation.of(config).model_updates:
+        raise FedcondError(
+            f"{method.name} trains centrally on pooled data: secure-aggregation applies to federated methods only; "
+            "set secure-aggregation=none"
+        )
+
+
+def check_privacy(config: RunConfig, method: Method) -> None:
+    """The DP settings (docs/privacy.md) against the method: refused in one line where they cannot hold."""
+    sample_level = privacy.SampleLevelPrivacy.of(config)
+    if method.protocol == "pooled" and (sample_level.enabled or client_dp.client_dp_mode(config) != "off"):
+        raise FedcondError(
+            f"{method.name} trains centrally on pooled data: the DP settings (dp-noise-multiplier, "
+            "fingerprint-epsilon, client-dp) apply to federated methods only; set them to 0 / off"
+        )
+    if sample_level.dp_sgd and method.client is not None and not method.client.releases_only_trained_models:
+        raise FedcondError(
+            f"dp-noise-multiplier cannot make {method.name} private: its clients also send a choice computed "
+            "from their training data, which DP-SGD does not cover; set dp-noise-multiplier=0 or pick another method"
+        )
+    if sample_level.enabled and resume_folder(config) is not None:
+        raise FedcondError(
+            "resume with sample-level DP (dp-noise-multiplier, fingerprint-epsilon): each client keeps its privacy "
+            "ledger (and its noised fingerprint) in Flower's context.state, which a resumed run starts empty, so its "
+            "epsilon would restart from 0; start the run again without resume"
+        )
+    privacy.check_sample_level(config, method.conditioned)
+    client_dp.check_client_dp(config, method.strategy)
