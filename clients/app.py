@@ -23,7 +23,7 @@ from flwr.clientapp.typing import Mod
 from flwr.common import Context
 
 from clients.clipping import client_dp_clipping_mod
-from clients.secure_aggregation import secure_aggregation_mod
+from clients.secagg_mod import secure_aggregation_mod
 from fedcond.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError

@@ -7,7 +7,7 @@ key it does nothing, so one ClientApp serves every setting. A client that report
 model: ``clients/fedcond_client.py``) is passed through as it is, for the server to report its reason.
 
 A clipped reply reports one training sample: the noise is calibrated to an unweighted mean of the
-clipped updates, and under SecAgg+ (clients/secure_aggregation.py, which masks this reply) the
+clipped updates, and under SecAgg+ (clients/secagg_mod.py, which masks this reply) the
 weight travels inside the masked sum, where the server could not make it uniform afterwards.
 """
 

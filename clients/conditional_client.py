@@ -17,7 +17,7 @@ from flwr.common import ArrayRecord
 
 from clients.fedcond_client import FedcondClient, Fitted
 from fedcond import fingerprint as fp
-from fedcond import secure_sum
+from fedcond import statistics_encoding
 from fedcond.client_data import client_fingerprint
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, STEP, STEP_STATISTICS, array_from_bytes
 from fedcond.privacy import private_fingerprint
@@ -62,5 +62,5 @@ class ConditionalClient(FedcondClient):
 
     def statistics_contribution(self) -> Fitted:
         """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1
-        (a training instruction that only SecAgg+'s mod delivers: clients/secure_aggregation.py)."""
-        return [secure_sum.encode(secure_sum.statistics_vector(self.raw_fingerprint()))], 1, {}
+        (a training instruction that only SecAgg+'s mod delivers: clients/secagg_mod.py)."""
+        return [statistics_encoding.encode(statistics_encoding.statistics_vector(self.raw_fingerprint()))], 1, {}

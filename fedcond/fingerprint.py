@@ -7,7 +7,7 @@ client identifier; ``cluster-id``: the true cluster). docs/fingerprints.md says 
 
 Computed by each client on its own training data, once, and kept on the client. Normalisation is
 either local (``log``) or federated (``federated``: a z-score whose mean and standard deviation
-come from a secure sum, see ``fedcond.secure_sum``); the raw vector never leaves the client.
+come from a secure sum, see ``fedcond.statistics_encoding``); the raw vector never leaves the client.
 """
 
 from __future__ import annotations

@@ -37,17 +37,17 @@ from fedcond.models import build_run_model, get_weights
 from fedcond.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundParticipation
 from fedcond.privacy import SampleLevelPrivacy
 from fedcond.scenarios import Scenario
-from fedcond.secure_aggregation import SecureAggregation
-from strategies.accounting import (
+from fedcond.secagg_settings import SecureAggregation
+from strategies.federation import ROUND_TIMEOUT, all_clients, message_timeout
+from strategies.membership import Membership, PartitionProxy
+from strategies.round_tracking import (
     MIN_ANSWERED_FRACTION,
     Failures,
     RoundTracker,
     answered_replies,
     parameters_bytes,
 )
-from strategies.federation import ROUND_TIMEOUT, all_clients, message_timeout
-from strategies.membership import Membership, PartitionProxy
-from strategies.secure_aggregation import SecureSum
+from strategies.secagg_workflow import SecureSum
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
@@ -119,7 +119,7 @@ class FedcondStrategy(Strategy):
     fingerprint statistics, ``strategies/conditional.py``).
 
     With ``secure-aggregation = "secaggplus"`` the fit step of every round is SecAgg+'s
-    (``strategies.checkpointing``): the strategy gives the instructions as always, but never sees a
+    (``strategies.round_loop``): the strategy gives the instructions as always, but never sees a
     reply; ``aggregate_secure_fit`` gets the protocol's outcome (the sample-weighted mean of the
     contributors' models, who contributed, who dropped out and why) and ``combine_sum`` makes the
     new global model from the mean. A strategy that needs more than the sum says why in
@@ -170,7 +170,7 @@ class FedcondStrategy(Strategy):
         self.secure = SecureAggregation.of(config)
         self.membership = Membership(config.num_clients, message_timeout(config), inputs.recorder, config.verbose)
         self.participation = RoundParticipation(0, ())
-        #: Set by the round loop (strategies/checkpointing.py) where nothing needs each reply's own
+        #: Set by the round loop (strategies/round_loop.py) where nothing needs each reply's own
         #: model: each fit reply is then folded into ``fit_stream`` as it arrives and the round keeps
         #: one running sum instead of every client's model (1,000 x 1.7 MB at 1,000 MNIST clients).
         self.fold_fit_replies = False

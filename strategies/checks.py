@@ -8,7 +8,7 @@ method, held-out clients, privacy and secure-aggregation settings against each o
 
 from __future__ import annotations
 
-from fedcond import privacy, secure_aggregation
+from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import check_resume, resume_folder
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
@@ -48,8 +48,8 @@ def check_secure_aggregation(config: RunConfig, method: Method) -> None:
     if method.strategy is not None:
         sums_statistics = method.conditioned and config.normalisation == "federated"
         refusal = method.strategy.secure_aggregation_refusal
-        secure_aggregation.check_secure_aggregation(config, refusal, sums_statistics)
-    elif secure_aggregation.SecureAggregation.of(config).model_updates:
+        secagg_settings.check_secure_aggregation(config, refusal, sums_statistics)
+    elif secagg_settings.SecureAggregation.of(config).model_updates:
         raise FedcondError(
             f"{method.name} trains centrally on pooled data: secure-aggregation applies to federated methods only; "
             "set secure-aggregation=none"

@@ -39,11 +39,11 @@ from fedcond.errors import FedcondError
 from fedcond.models import build_run_model
 from fedcond.participation import FIT
 from fedcond.privacy import DP_DELTA, check_delta, gaussian_rounds_epsilon
-from fedcond.secure_aggregation import SecureAggregation
-from strategies.accounting import Failures, answered_replies
+from fedcond.secagg_settings import SecureAggregation
 from strategies.base import FedcondStrategy
 from strategies.fedavg import FedcondFedAvg
-from strategies.secure_aggregation import SecureSum
+from strategies.round_tracking import Failures, answered_replies
+from strategies.secagg_workflow import SecureSum
 
 CLIENT_DP_MODES = ("off", "server-side", "client-side")
 CLIENT_DP = Option("client-dp", "off", "client-level DP through Flower's wrappers: off, server-side or client-side")

@@ -12,7 +12,7 @@ from flwr.common import FitIns
 from flwr.server.client_manager import ClientManager
 
 from fedcond import fingerprint as fp
-from fedcond import secure_sum as statistics
+from fedcond import statistics_encoding as statistics
 from fedcond.errors import FedcondError
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
 from fedcond.participation import STATISTICS, Failure, RoundParticipation
@@ -20,7 +20,7 @@ from strategies.base import EMPTY, late
 from strategies.fedavg import FedcondFedAvg
 from strategies.federation import message_timeout
 from strategies.membership import PartitionProxy
-from strategies.secure_aggregation import secure_sum, workflow_for
+from strategies.secagg_workflow import run_secure_sum, workflow_for
 
 
 class ConditionalFedAvg(FedcondFedAvg):
@@ -36,7 +36,7 @@ class ConditionalFedAvg(FedcondFedAvg):
 
     def publish_fingerprint_statistics(self, client_manager: ClientManager) -> None:
         """The federation's fingerprint mean and std from SecAgg+'s sum of every training client's
-        (f, f^2, 1) (exact digits: fedcond.secure_sum), into every later instruction. A client that
+        (f, f^2, 1) (exact digits: fedcond.statistics_encoding), into every later instruction. A client that
         drops out is left out of the statistics; fewer than ``secagg-min-clients`` stop the run."""
         config = self.inputs.config
         num_classes, clusters = self.inputs.num_classes, config.num_clusters
@@ -53,7 +53,7 @@ class ConditionalFedAvg(FedcondFedAvg):
             statistics.QUANTIZATION_RANGE, max_weight=1.0, timeout=message_timeout(config),
         )  # fmt: skip
         grid = self.inputs.grid_for("the fingerprint statistics' secure sum")
-        outcome = secure_sum(grid, instructions, workflow, 0, client_manager)
+        outcome = run_secure_sum(grid, instructions, workflow, 0, client_manager)
         self.secure_sum_bytes = outcome.bytes_down + outcome.bytes_up
         failures = [Failure(0, STATISTICS, partition, *why) for partition, why in outcome.dropped.items()]
         failures += [Failure(0, STATISTICS, p, how, late(reason)) for p, (how, reason) in outcome.late.items()]

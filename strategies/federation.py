@@ -1,5 +1,5 @@
 """Talking to the federation: check its size, ask clients a question, and tell why a client did not
-answer (failed or timed out). Secure sums go through SecAgg+ (strategies/secure_aggregation.py)."""
+answer (failed or timed out). Secure sums go through SecAgg+ (strategies/secagg_workflow.py)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ from fedcond.aggregation import (
     top_k_neighbours,
 )
 from fedcond.config import Option
-from strategies.accounting import parameters_bytes
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
+from strategies.round_tracking import parameters_bytes
 
 NEIGHBOURS = Option("dac-neighbours", 3, "DAC: how many most similar peers each client averages with", minimum=1)
 

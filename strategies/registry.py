@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fedcond import privacy, secure_aggregation
+from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import RESUME
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
@@ -132,13 +132,13 @@ def get_method(name: str) -> Method:
 #: Settings of a run rather than of a method, declared next to the code that reads them.
 RUN_OPTIONS = (RESUME,)
 #: Settings every method has that a client may read (its privacy, its secure aggregation).
-CLIENT_SHARED_OPTIONS = (*privacy.OPTIONS, *secure_aggregation.OPTIONS)
+CLIENT_SHARED_OPTIONS = (*privacy.OPTIONS, *secagg_settings.OPTIONS)
 
 
 def declared_options() -> tuple[Option, ...]:
     """Every method's options, each once (methods may share a class), the privacy settings every
     federated method has (sample-level: fedcond.privacy; client-level: strategies.client_dp; secure
-    aggregation: fedcond.secure_aggregation), and the run's own."""
+    aggregation: fedcond.secagg_settings), and the run's own."""
     from strategies import client_dp
 
     unique = {option.key: option for method in registry().values() for option in method.options}

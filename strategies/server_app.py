@@ -8,7 +8,7 @@ from flwr.common import Context
 from flwr.server import Grid, ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 
-from fedcond import privacy, secure_aggregation
+from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import load_checkpoint, resume_folder, resumption_note, run_info
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
@@ -17,10 +17,10 @@ from fedcond.history import RunRecorder, error_line, failures_recorded, open_run
 from fedcond.scenarios import scenario_for
 from strategies import client_dp
 from strategies.base import StrategyInputs
-from strategies.checkpointing import CheckpointingServer
 from strategies.checks import check_run
 from strategies.federation import message_timeout
 from strategies.registry import federated, run_config
+from strategies.round_loop import CheckpointingServer
 
 
 def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
@@ -41,7 +41,7 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     privacy_details = {
         "sample_level": privacy.describe(config, method.conditioned),
         "client_level": client_dp.describe(config),
-        "secure_aggregation": secure_aggregation.describe(config),
+        "secure_aggregation": secagg_settings.describe(config),
     }
     folder = resume_folder(config)
     checkpoint = None

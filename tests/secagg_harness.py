@@ -3,7 +3,7 @@
 ``InProcessGrid`` hands every message the server sends to the real ClientApp of ``clients/app.py``
 (its mods included: SecAgg+'s, fedcond's checks, the clipping), one Flower ``Context`` per node that
 persists across messages as a SuperNode's does, and keeps every reply: what the server sees.
-``secure_round`` runs one aggregation through fedcond's ``strategies.secure_aggregation.secure_sum``.
+``secure_round`` runs one aggregation through fedcond's ``strategies.secagg_workflow.run_secure_sum``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from clients.app import make_client_app
 from fedcond.config import RunConfig
 from fedcond.participation import FIT, RoundParticipation
 from fedcond.scenarios import scenario_for
-from fedcond.secure_aggregation import SecureAggregation
+from fedcond.secagg_settings import SecureAggregation
 from strategies.base import StrategyInputs
 from strategies.membership import PartitionProxy
-from strategies.secure_aggregation import SecureSum, secure_sum, workflow_for
+from strategies.secagg_workflow import SecureSum, run_secure_sum, workflow_for
 
 FIRST_NODE_ID = 1000
 
@@ -125,4 +125,4 @@ def secure_round(
         settings.num_shares, settings.reconstruction_threshold, settings.clipping_range, settings.quantization_range,
         max_weight, timeout=None,
     )  # fmt: skip
-    return secure_sum(grid, instructions, workflow, server_round, SimpleClientManager())
+    return run_secure_sum(grid, instructions, workflow, server_round, SimpleClientManager())

@@ -320,7 +320,7 @@ def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd
         ({"method": "fedavg", "dataset": "cifar10", "client-dp": "server-side"}, "BatchNorm"),
         ({"method": "pooled-global", "dp-noise-multiplier": 1.0}, "federated methods only"),
         ({"method": "fedavg", "dp-noise-multiplier": 1.0, "resume": "/a/run"}, "its epsilon would restart from 0"),
-        # Secure aggregation (fedcond.secure_aggregation, each strategy's secure_aggregation_refusal).
+        # Secure aggregation (fedcond.secagg_settings, each strategy's secure_aggregation_refusal).
         ({"secure-aggregation": "sum"}, "unknown secure-aggregation 'sum'"),
         ({"method": "oracle", "secure-aggregation": "secaggplus"}, "Oracle averages within each true cluster"),
         ({"method": "ifca", "secure-aggregation": "secaggplus"}, "IFCA's server groups the returned models"),

@@ -10,7 +10,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 
 from fedcond import fingerprint as fp
-from fedcond import secure_sum
+from fedcond import statistics_encoding
 from fedcond.client_data import client_fingerprint, load_client_data
 from fedcond.errors import FedcondError
 from fedcond.messages import SERVER_ROUND, STEP, STEP_STATISTICS
@@ -18,39 +18,38 @@ from fedcond.participation import STATISTICS, RoundParticipation
 from strategies.checks import check_run
 from strategies.membership import PartitionProxy
 from strategies.registry import run_config
-from strategies.secure_aggregation import secure_sum as run_secure_sum
-from strategies.secure_aggregation import workflow_for
+from strategies.secagg_workflow import run_secure_sum, workflow_for
 from tests.secagg_harness import FIRST_NODE_ID, InProcessGrid
 
 
 def test_digits_carry_any_value_in_range_exactly_through_secaggplus_quantisation():
     rng = np.random.default_rng(0)
     values = np.concatenate([rng.normal(size=50) * 10.0 ** rng.integers(-6, 9, size=50), [0.0, 1.0, -(2.0**32)]])
-    digits = secure_sum.encode(values)
-    assert digits.shape == (secure_sum.LIMBS, len(values))
+    digits = statistics_encoding.encode(values)
+    assert digits.shape == (statistics_encoding.LIMBS, len(values))
     assert np.all(digits == np.round(digits)) and np.all(np.abs(digits) <= 2**21)
     # What SecAgg+ does to one client's digits, and back: every integer level is kept exactly.
-    (levels,) = quantize([digits], secure_sum.CLIPPING_RANGE, secure_sum.QUANTIZATION_RANGE)
-    (restored,) = dequantize([levels], secure_sum.CLIPPING_RANGE, secure_sum.QUANTIZATION_RANGE)
+    (levels,) = quantize([digits], statistics_encoding.CLIPPING_RANGE, statistics_encoding.QUANTIZATION_RANGE)
+    (restored,) = dequantize([levels], statistics_encoding.CLIPPING_RANGE, statistics_encoding.QUANTIZATION_RANGE)
     np.testing.assert_array_equal(restored, digits)
     # Three clients' sum, decoded from the mean SecAgg+ returns: within 2^-30 of each value's sum.
-    total = secure_sum.decode((digits + digits + digits) / 3, 3)
+    total = statistics_encoding.decode((digits + digits + digits) / 3, 3)
     assert np.all(np.abs(total - 3 * values) <= 1.5 * 2.0**-30 + 1e-15 * np.abs(values))
 
 
 def test_values_outside_the_range_and_corrupt_sums_are_refused():
     with pytest.raises(FedcondError, match="outside the secure sum's range"):
-        secure_sum.encode(np.array([1.0, 2.0**33]))
+        statistics_encoding.encode(np.array([1.0, 2.0**33]))
     with pytest.raises(FedcondError, match="outside the secure sum's range"):
-        secure_sum.encode(np.array([np.nan]))
-    digits = secure_sum.encode(secure_sum.statistics_vector(np.array([0.5, 2.0])))
-    total, squares = secure_sum.open_statistics(digits, 1)
+        statistics_encoding.encode(np.array([np.nan]))
+    digits = statistics_encoding.encode(statistics_encoding.statistics_vector(np.array([0.5, 2.0])))
+    total, squares = statistics_encoding.open_statistics(digits, 1)
     np.testing.assert_array_equal(total, [0.5, 2.0])
     np.testing.assert_array_equal(squares, [0.25, 4.0])
     with pytest.raises(FedcondError, match="decoded a count of 1 from 2 clients"):
-        secure_sum.open_statistics(digits / 2, 2)  # one client's digits presented as two clients' mean
+        statistics_encoding.open_statistics(digits / 2, 2)  # one client's digits presented as two clients' mean
     with pytest.raises(FedcondError, match="holds up to 511 clients"):
-        secure_sum.check_clients(512)
+        statistics_encoding.check_clients(512)
 
 
 def test_a_federation_too_large_for_the_statistics_sum_is_refused_before_anything_starts():
@@ -68,7 +67,9 @@ def statistics_round(grid: InProcessGrid, partitions: list[int]):
         )
         for p in partitions
     ]
-    workflow = workflow_for(1.0, 0.67, secure_sum.CLIPPING_RANGE, secure_sum.QUANTIZATION_RANGE, 1.0, None)
+    workflow = workflow_for(
+        1.0, 0.67, statistics_encoding.CLIPPING_RANGE, statistics_encoding.QUANTIZATION_RANGE, 1.0, None
+    )
     return run_secure_sum(grid, instructions, workflow, 0, SimpleClientManager())
 
 
@@ -78,7 +79,7 @@ def test_the_statistics_through_secaggplus_are_the_exact_sums_and_survive_a_drop
 
     outcome = statistics_round(InProcessGrid(config), list(range(6)))
     assert outcome.contributors == list(range(6)) and not outcome.dropped and outcome.bytes_up > 0
-    total, squares = secure_sum.open_statistics(outcome.mean[0], 6)
+    total, squares = statistics_encoding.open_statistics(outcome.mean[0], 6)
     np.testing.assert_allclose(total, np.sum(raws, axis=0), rtol=0, atol=1e-8)
     np.testing.assert_allclose(squares, np.sum(np.square(raws), axis=0), rtol=0, atol=1e-8)
     mean, std = fp.mean_and_std(total, squares, 6)
@@ -86,7 +87,7 @@ def test_the_statistics_through_secaggplus_are_the_exact_sums_and_survive_a_drop
     np.testing.assert_allclose(std, np.std(raws, axis=0), atol=1e-6)
 
     # Dropouts before their keys are shared (Flower's workflow alone could not finish then: see
-    # strategies.secure_aggregation.SecAggPlus): left out, and the sum goes on without them.
+    # strategies.secagg_workflow.SecAggPlus): left out, and the sum goes on without them.
     def early_dropouts(message, partition):
         stage = message.content.config_records.get(RECORD_KEY_CONFIGS, {}).get(Key.STAGE)
         if (partition, stage) in ((2, Stage.SETUP), (3, Stage.SHARE_KEYS)):
@@ -98,5 +99,5 @@ def test_the_statistics_through_secaggplus_are_the_exact_sums_and_survive_a_drop
         2: ("failed", "RuntimeError: gone (SecAgg+ setup stage)"),
         3: ("failed", "RuntimeError: gone (SecAgg+ share_keys stage)"),
     }
-    total, _ = secure_sum.open_statistics(outcome.mean[0], 4)
+    total, _ = statistics_encoding.open_statistics(outcome.mean[0], 4)
     np.testing.assert_allclose(total, np.sum([raws[p] for p in (0, 1, 4, 5)], axis=0), rtol=0, atol=1e-8)

@@ -1,6 +1,6 @@
 """Secure aggregation on the server: one sum through Flower's ``SecAggPlusWorkflow``.
 
-``secure_sum`` runs the workflow's four stages (set-up, key sharing, masked vectors, unmasking)
+``run_secure_sum`` runs the workflow's four stages (set-up, key sharing, masked vectors, unmasking)
 for a list of training instructions, as Flower's ``DefaultWorkflow`` would run its fit step: with a
 ``LegacyContext`` holding the round number and a strategy whose ``configure_fit`` hands the workflow
 those instructions. The workflow then calls that strategy's ``aggregate_fit`` with the unmasked
@@ -51,7 +51,7 @@ from flwr.supercore.run import Run
 
 from fedcond.messages import EPSILON
 from fedcond.participation import FAILED, TIMED_OUT
-from fedcond.secure_aggregation import MODULUS
+from fedcond.secagg_settings import MODULUS
 from strategies.federation import classify_failure
 from strategies.membership import PartitionProxy
 
@@ -75,7 +75,7 @@ class SecureSum:
     epsilon: float = float("nan")
 
 
-def secure_sum(
+def run_secure_sum(
     grid: Grid,
     instructions: list[tuple[PartitionProxy, FitIns]],
     workflow: SecAggPlusWorkflow,
@@ -168,7 +168,7 @@ class _Instructions(Strategy):
         if results:
             self.mean = parameters_to_ndarrays(results[0][1].parameters)
         self.contributors = {proxy.partition_id for proxy, _ in results}  # type: ignore[attr-defined]
-        # The only metric a masked reply keeps (clients/secure_aggregation.py): the DP accounting.
+        # The only metric a masked reply keeps (clients/secagg_mod.py): the DP accounting.
         spent = [float(res.metrics[EPSILON]) for _, res in results if EPSILON in res.metrics]  # type: ignore[arg-type]
         self.epsilon = max(spent, default=float("nan"))
         return None, {}  # fedcond's strategy combines the mean itself

@@ -1,9 +1,9 @@
 """Secure aggregation's settings: which sums go through Flower's SecAgg+ and with what protocol values.
 
 The protocol itself is Flower's (``SecAggPlusWorkflow`` on the server, ``secaggplus_mod`` on the
-clients; strategies/secure_aggregation.py and clients/secure_aggregation.py). Two kinds of sum use it:
+clients; strategies/secagg_workflow.py and clients/secagg_mod.py). Two kinds of sum use it:
 
-- the fingerprint statistics (sum of f, f^2 and a count) before round 1, always (fedcond.secure_sum);
+- the fingerprint statistics (sum of f, f^2 and a count) before round 1, always (fedcond.statistics_encoding);
 - with ``secure-aggregation = "secaggplus"``, every round's model update of the methods whose server
   needs only the sample-weighted sum of the returned models (fedavg, conditional, ditto's global model).
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.secure_sum import check_clients as check_statistics_clients
+from fedcond.statistics_encoding import check_clients as check_statistics_clients
 
 MODES = ("none", "secaggplus")
 #: Flower's SecAgg+ modulus (its default; the masks and sums are taken modulo this).

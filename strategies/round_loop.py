@@ -16,7 +16,7 @@ from fedcond.history import RunRecorder
 from strategies.base import FedcondStrategy
 from strategies.client_dp import ClientSideClientDp, ServerSideClientDp
 from strategies.federation import message_timeout
-from strategies.secure_aggregation import secure_sum, workflow_for
+from strategies.secagg_workflow import run_secure_sum, workflow_for
 
 
 class CheckpointingServer(Server):
@@ -74,7 +74,7 @@ class CheckpointingServer(Server):
             strategy.secure.quantization_range, float(strategy.inputs.largest_training_set), message_timeout(config),
         )  # fmt: skip
         grid = strategy.inputs.grid_for("secure aggregation")
-        outcome = secure_sum(grid, instructions, workflow, number, self._client_manager)  # type: ignore[arg-type]
+        outcome = run_secure_sum(grid, instructions, workflow, number, self._client_manager)  # type: ignore[arg-type]
         return self.served.aggregate_secure_fit(number, outcome), {}, ([], [])
 
     def evaluate_round(self, server_round: int, timeout: float | None) -> Any:
