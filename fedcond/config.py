@@ -29,45 +29,94 @@ MAX_SEED = 2**32 - 1
 MAX_FINGERPRINT_DIM = 1024
 
 
+def setting(default: Any, topic: str, help: str) -> Any:
+    """A ``RunConfig`` field declared with its help text and topic: the settings table
+    (docs/settings.md) and ``[tool.flwr.app.config]`` are generated from these and the ``Option``s
+    (``fedcond settings``)."""
+    return dataclasses.field(default=default, metadata={"help": help, "topic": topic})
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """All settings of one run; field ``foo_bar`` is run-config key ``foo-bar``."""
 
-    method: str = "conditional"
-    dataset: str = "digits"
-    scenario: str = "label-shift"
-    num_clusters: int = 3
-    clients_per_cluster: int = 5
-    num_server_rounds: int = 10
-    # Scenario details: E2b's angles (C1..C4, degrees "0,90,180", or "" for K evenly spaced) and a
-    # uniform subsample of every cluster's data for quick runs (recorded in run.json).
-    rotations: str = ""
-    data_fraction: float = 1.0
-    covariate_clusters: int = 2
-    # 0 means "the dataset's default" (see fedcond.datasets.DATASETS); run.json records the value used.
-    local_epochs: int = 0
-    batch_size: int = 0
-    learning_rate: float = 0.01
-    momentum: float = 0.9
-    fingerprint_dim: int = 32
-    # phi in Z = [phi(x) || onehot(y)]: "pixels", or the dataset a frozen encoder is trained on.
-    fingerprint_encoder: str = "pixels"
-    normalisation: str = "federated"
-    # What each client computes (fedcond.fingerprint.FINGERPRINTS) and how the model uses it.
-    fingerprint: str = "eigen"
-    conditioning: str = "concat"
-    # Units of the FC hidden layer; 0: the paper's (128 for 28x28 images and digits, 256 for CIFAR).
-    # For size-matched controls: a wider concat network with as many parameters as another mechanism's.
-    hidden_units: int = 0
-    # Extra clients per cluster that never train, only evaluate the shared model each round.
-    held_out_clients: int = 0
-    seed: int = 0
-    data_dir: str = ""
-    results_dir: str = ""
-    run_name: str = ""
-    # How long the server waits for all num-clusters x clients-per-cluster nodes to connect.
-    node_timeout: int = 60
-    verbose: bool = True
+    method: str = setting(
+        "conditional",
+        "run",
+        "the method: `fedcond list` shows them (the paper's eight, named variants such as "
+        "`recommended`, the pooled references)",
+    )
+    dataset: str = setting(
+        "digits", "run", "`digits`, `mnist`, `fashion-mnist`, `cifar10`, `cifar100` ([data.md](data.md))"
+    )
+    scenario: str = setting("label-shift", "run", "how clients differ; the README's Scenarios table")
+    num_clusters: int = setting(3, "run", "K; at most the number of classes")
+    clients_per_cluster: int = setting(
+        5, "run", "each cluster's train and test samples are split disjointly over its clients"
+    )
+    num_server_rounds: int = setting(10, "run", "federated rounds (epochs of the pooled references)")
+    rotations: str = setting(
+        "", "scenario", "`covariate-rotation` angles: `C1`..`C4`, degrees `0,90,180`, or empty for K evenly spaced"
+    )
+    data_fraction: float = setting(
+        1.0, "scenario", "a uniform subsample of every cluster's train and test data, for quick runs; in (0, 1]"
+    )
+    covariate_clusters: int = setting(
+        2, "scenario", "C, the covariate clusters per concept group in `combined` (K = 2C), 1..4"
+    )
+    local_epochs: int = setting(
+        0, "training", "local epochs per round; 0 = the dataset's default (Per-dataset training defaults, below)"
+    )
+    batch_size: int = setting(0, "training", "0 = the dataset's default")
+    learning_rate: float = setting(0.01, "training", "local SGD's step, as in the paper; positive and finite")
+    momentum: float = setting(0.9, "training", "local SGD's momentum, as in the paper; in [0, 1)")
+    fingerprint_dim: int = setting(
+        32,
+        "fingerprint",
+        "l, the number of eigenvalues (per-class fingerprints keep l // classes values per class); 1..1024",
+    )
+    fingerprint_encoder: str = setting(
+        "pixels",
+        "fingerprint",
+        "phi in Z = [phi(x) ‖ onehot(y)]: flattened pixels, or a frozen encoder trained on "
+        "the named dataset, or `<dataset>-reserved`: on a fifth of the clients' own dataset that no client gets "
+        "([fingerprints.md](fingerprints.md))",
+    )
+    normalisation: str = setting(
+        "federated",
+        "fingerprint",
+        "`none`, `log` (local; eigenvalue fingerprints only) or `federated` (z-score from a SecAgg+ sum)",
+    )
+    fingerprint: str = setting(
+        "eigen",
+        "fingerprint",
+        "what each client computes: `eigen` (the paper's), `class-mean`, `label-cov`, "
+        "`class-eigen`, or the controls `random-id`, `cluster-id` ([fingerprints.md](fingerprints.md))",
+    )
+    conditioning: str = setting(
+        "concat",
+        "fingerprint",
+        "how the model takes it: `concat` (the paper's), `film` or `hyper` (one module each in `fedcond/conditioning`)",
+    )
+    hidden_units: int = setting(
+        0,
+        "training",
+        "units of the FC hidden layer; 0 = the paper's (128; CIFAR 256); for controls of equal "
+        "parameter count ([instability.md](instability.md#a-parameter-matched-control))",
+    )
+    held_out_clients: int = setting(
+        0, "run", "extra clients per cluster that never train, only evaluate (`heldout_accuracy`)"
+    )
+    seed: int = setting(0, "run", "same seed, same split, same initial model, same numbers; 0..2^32-1")
+    data_dir: str = setting("", "files", "folder with the dataset files (else `$FEDCOND_DATA_DIR`)")
+    results_dir: str = setting("", "files", "where run folders go; default `./results`")
+    run_name: str = setting(
+        "",
+        "files",
+        "the run folder's name, a plain name inside `results-dir` (no `/`, `\\`, `..`); default "
+        "`<method>-<dataset>-<scenario>-k<K>-n<N>-s<seed>-<time>`",
+    )
+    verbose: bool = setting(True, "files", "print the scenario summary and one line per round")
     # Settings the methods declare next to themselves (``Option``), as sorted (key, value) pairs.
     options: tuple[tuple[str, Any], ...] = ()
 
@@ -122,7 +171,6 @@ class RunConfig:
             "clients-per-cluster": self.clients_per_cluster,
             "num-server-rounds": self.num_server_rounds,
             "fingerprint-dim": self.fingerprint_dim,
-            "node-timeout": self.node_timeout,
         }
         for key, value in positive.items():
             if value < 1:

@@ -26,7 +26,10 @@ MODES = ("none", "secaggplus")
 MODULUS = 2**32
 
 SECURE_AGGREGATION = Option(
-    "secure-aggregation", "none", "none, or secaggplus: the server sees only the sum of the model updates"
+    "secure-aggregation",
+    "none",
+    "`none`, or `secaggplus`: every round's model update goes through Flower's SecAgg+, so the server sees only "
+    "the sample-weighted mean of the updates (fedavg, conditional, ditto; with client-dp only client-side)",
 )
 SECAGG_NUM_SHARES = Option(
     "secagg-num-shares", 1.0, "SecAgg+: the fraction of a round's clients each client secret-shares its keys with",
@@ -39,7 +42,9 @@ SECAGG_RECONSTRUCTION_THRESHOLD = Option(
     maximum=1,
 )  # fmt: skip
 SECAGG_CLIPPING_RANGE = Option(
-    "secagg-clipping-range", 8.0, "SecAgg+: the largest |parameter| a client may send (beyond it: that client fails)"
+    "secagg-clipping-range",
+    8.0,
+    "SecAgg+: the largest absolute parameter value a client may send (beyond it: that client fails)",
 )
 SECAGG_QUANTIZATION_RANGE = Option(
     "secagg-quantization-range", 2**22, "SecAgg+: integer levels over [-clipping-range, clipping-range]", minimum=2

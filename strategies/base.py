@@ -38,7 +38,7 @@ from fedcond.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundPartic
 from fedcond.privacy import SampleLevelPrivacy
 from fedcond.scenarios import Scenario
 from fedcond.secagg_settings import SecureAggregation
-from strategies.federation import ROUND_TIMEOUT, all_clients, message_timeout
+from strategies.federation import NODE_TIMEOUT, ROUND_TIMEOUT, all_clients, message_timeout
 from strategies.membership import Membership, PartitionProxy
 from strategies.round_tracking import (
     MIN_ANSWERED_FRACTION,
@@ -153,7 +153,7 @@ class FedcondStrategy(Strategy):
     #: Run-config settings of this strategy, declared here rather than in a central list.
     options: ClassVar[tuple[Option, ...]] = ()
     #: Settings of the round protocol every strategy shares (failure policy, time limits).
-    protocol_options: ClassVar[tuple[Option, ...]] = (MIN_ANSWERED_FRACTION, ROUND_TIMEOUT)
+    protocol_options: ClassVar[tuple[Option, ...]] = (NODE_TIMEOUT, MIN_ANSWERED_FRACTION, ROUND_TIMEOUT)
     #: Why this strategy's server cannot work from the sum of the returned models alone, as
     #: ``check_run`` words its refusal of secure-aggregation (None: it can, see ``combine_sum``).
     secure_aggregation_refusal: ClassVar[str | None] = "its server needs each client's own model, not their sum"

@@ -46,7 +46,12 @@ from strategies.round_tracking import Failures, answered_replies
 from strategies.secagg_workflow import SecureSum
 
 CLIENT_DP_MODES = ("off", "server-side", "client-side")
-CLIENT_DP = Option("client-dp", "off", "client-level DP through Flower's wrappers: off, server-side or client-side")
+CLIENT_DP = Option(
+    "client-dp",
+    "off",
+    "client-level DP through Flower's wrappers: `off`, `server-side` or `client-side` clipping (fedavg, conditional, "
+    "ditto)",
+)
 CLIENT_DP_NOISE_MULTIPLIER = Option(
     "client-dp-noise-multiplier", 1.0, "client-level DP: noise std / clipping norm on the sum of updates", minimum=0
 )

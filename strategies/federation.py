@@ -22,6 +22,9 @@ ROUND_TIMEOUT = Option(
     "seconds a client has to answer each instruction (the lifetime of Flower's message); 0: Flower's 12 hours",
     minimum=0,
 )
+NODE_TIMEOUT = Option(
+    "node-timeout", 60, "seconds the server waits for all nodes to connect, before round 1", minimum=1
+)
 
 # How Flower's SuperLink says a message got no reply (the texts of its error replies, in
 # flwr.server.superlink.linkstate.utils; importing that module costs seconds, so matched here and
@@ -82,14 +85,15 @@ def classify_failure(error: BaseException, seconds: float, timeout: float | None
 def all_clients(client_manager: ClientManager, config: RunConfig) -> list[ClientProxy]:
     """Every node, after checking there is exactly one per client of the scenario (held-out ones included)."""
     expected = config.num_clients
-    client_manager.wait_for(expected, timeout=config.node_timeout)
+    waited = NODE_TIMEOUT.of(config)
+    client_manager.wait_for(expected, timeout=waited)
     found = client_manager.num_available()
     if found != expected:
         held_out = f" + {config.held_out_clients} held-out" if config.held_out_clients else ""
         raise FedcondError(
             f"the federation has {found} nodes but num-clusters x (clients-per-cluster{held_out}) = "
             f"{config.num_clusters} x {config.clients_per_cluster + config.held_out_clients} = {expected} "
-            f"(waited {config.node_timeout} s); run with "
+            f"(waited {waited} s); run with "
             f'--federation-config "num-supernodes={expected}" or change clients-per-cluster'
         )
     return list(client_manager.all().values())

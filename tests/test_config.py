@@ -17,9 +17,10 @@ def test_pyproject_defaults_are_a_valid_config():
 def test_methods_declare_their_options_and_pyproject_lists_them():
     # Flower accepts only run-config keys the app declares: every method option must be there too.
     keys = {option.key for option in declared_options()}
-    # resume is the run's own setting; min-answered-fraction and round-timeout the round protocol's.
+    # resume is the run's own setting; node-timeout, min-answered-fraction and round-timeout the round protocol's.
     assert keys == {
         "ditto-lambda", "ditto-personal-epochs", "dac-neighbours", "min-answered-fraction", "round-timeout", "resume",
+        "node-timeout",
         "dp-noise-multiplier", "dp-max-grad-norm", "dp-delta", "fingerprint-epsilon",
         "client-dp", "client-dp-noise-multiplier", "client-dp-clipping-norm",
         "secure-aggregation", "secagg-num-shares", "secagg-reconstruction-threshold", "secagg-clipping-range",
@@ -125,3 +126,21 @@ def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless():
             check_run(config.replace(method=method))
         assert "--methods fedavg,conditional,oracle,ditto" in str(error.value)
     check_run(RunConfig(method="local"))  # no held-out clients: nothing to refuse
+
+
+def test_the_pyproject_block_and_the_settings_page_are_generated_from_the_declarations():
+    """Every setting is declared once (a RunConfig field or an Option); Flower's block in pyproject.toml
+    and docs/settings.md are what ``fedcond settings --write`` makes of those declarations."""
+    from pathlib import Path
+
+    from fedcond.tools.settings import pyproject_block, replace_block, settings, settings_markdown
+
+    root = Path(__file__).resolve().parents[1]
+    pyproject = (root / "pyproject.toml").read_text()
+    assert replace_block(pyproject) == pyproject, "run fedcond settings --write"
+    assert (root / "docs" / "settings.md").read_text() == settings_markdown(), "run fedcond settings --write"
+    keys = [row.key for row in settings()]
+    assert len(keys) == len(set(keys)) and set(keys) == set(default_config())
+    assert set(keys) == set(RunConfig().to_mapping()) - {"options"} | {o.key for o in declared_options()}
+    assert all(row.help and "|" not in row.help for row in settings())  # a table cell each
+    assert "node-timeout = 60" in pyproject_block().split("# The round protocol")[1]  # beside round-timeout

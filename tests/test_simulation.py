@@ -62,9 +62,10 @@ def test_every_method_learns_through_flower_and_writes_a_finite_complete_history
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_wrong_number_of_nodes_stops_before_training(tmp_path, capsys):
-    config = RunConfig(
-        num_clusters=2, clients_per_cluster=2, num_server_rounds=1, node_timeout=2, results_dir=str(tmp_path / "r")
-    )
+    config = run_config({
+        "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 1, "node-timeout": 2,
+        "results-dir": str(tmp_path / "r"),
+    })  # fmt: skip
     simulate(config, num_supernodes=3)  # the in-process ServerApp stops; run_simulation returns
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedcond: error:")]
     assert len(errors) == 1 and "the federation has 3 nodes" in errors[0] and "num-supernodes=4" in errors[0]

@@ -403,6 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_resource_flags(run_parser)
     add_experiment_commands(commands)
     commands.add_parser("list", help="list methods, datasets, scenarios, fingerprints and conditionings")
+    settings_parser = commands.add_parser("settings", help="every setting: key, default, who reads it, meaning")
+    settings_parser.add_argument(
+        "--write", action="store_true", help="regenerate pyproject.toml's [tool.flwr.app.config] and docs/settings.md"
+    )
     deploy_parser = commands.add_parser(
         "deploy-local",
         help="one run on a real SuperLink and SuperNodes, separate processes on 127.0.0.1 (TLS, authenticated nodes)",
@@ -425,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments.command == "list":
             return list_choices()
+        if arguments.command == "settings":
+            return print_settings(arguments.write)
         if arguments.command in ("compare", "sweep"):
             return compare(arguments) if arguments.command == "compare" else sweep(arguments)
         if arguments.command == "report":
@@ -448,6 +454,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FedcondError as error:
         print(f"fedcond: error: {error}", file=sys.stderr)
         return 2
+
+
+def print_settings(write: bool) -> int:
+    """``fedcond settings``: the table of every setting; ``--write`` regenerates its two copies."""
+    from fedcond.tools.flwr_commands import app_directory
+    from fedcond.tools.settings import settings
+    from fedcond.tools.settings import write as write_files
+
+    for row in settings():
+        print(f"{row.key:34} {row.default!r:12} {row.owner:24} {row.help}")
+    if write:
+        for path in write_files(app_directory()):
+            print(f"fedcond: wrote {path}")
+    return 0
 
 
 def list_choices() -> int:
