@@ -47,7 +47,7 @@ from strategies.round_tracking import (
     answered_replies,
     parameters_bytes,
 )
-from strategies.secagg_workflow import SecureSum
+from strategies.secagg_workflow import SecureSum, run_secure_sum, workflow_for
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
@@ -101,11 +101,6 @@ def initial_weights(inputs: StrategyInputs, seed: int | None = None) -> Model:
     """The seeded initial backbone (conditioned or not), as every client builds it; ``seed``
     defaults to the run's."""
     return get_weights(build_run_model(inputs.config, inputs.num_classes, inputs.conditioned, seed))
-
-
-def late(reason: str) -> str:
-    """The reason of a client that failed SecAgg+ after its masked vector was collected."""
-    return f"{reason} (after its masked update was collected: it is in the sum)"
 
 
 class FedcondStrategy(Strategy):
@@ -245,6 +240,25 @@ class FedcondStrategy(Strategy):
             return ndarrays_to_parameters(resume.models[GLOBAL_MODEL])
         return EMPTY
 
+    def secure_sum(
+        self,
+        instructions: list[tuple[PartitionProxy, FitIns]],
+        server_round: int,
+        client_manager: ClientManager,
+        purpose: str,
+        value_range: tuple[float, int],
+        max_weight: float,
+    ) -> SecureSum:
+        """One sum through Flower's SecAgg+ (``strategies.secagg_workflow``) with this run's protocol
+        values: every value clipped to +-``value_range[0]`` and quantised to ``value_range[1]`` levels,
+        weights (training samples) up to ``max_weight``."""
+        workflow = workflow_for(
+            self.secure.num_shares, self.secure.reconstruction_threshold, *value_range, max_weight,
+            message_timeout(self.inputs.config),
+        )  # fmt: skip
+        grid = self.inputs.grid_for(purpose)
+        return run_secure_sum(grid, instructions, workflow, server_round, client_manager)  # type: ignore[arg-type]
+
     def check_secure_outcome(self, outcome: SecureSum, what: str, failures: list[Failure]) -> None:
         """Stop the run (one line) when SecAgg+ gave no sum, or one over fewer than ``secagg-min-clients``."""
         contributors, asked = len(outcome.contributors), len(outcome.contributors) + len(outcome.dropped)
@@ -348,10 +362,7 @@ class FedcondStrategy(Strategy):
         """The fit step's end under SecAgg+: the protocol's dropouts are the round's fit failures, the
         failure policy applies to the contributors, and the new global model comes from the mean
         alone (``combine_sum``); the mean's last array is the sample-weighted mean training loss."""
-        for partition, (how, reason) in outcome.dropped.items():
-            self.participation.fail(FIT, partition, reason, how)
-        for partition, (how, reason) in outcome.late.items():
-            self.participation.fail(FIT, partition, late(reason), how)
+        outcome.record_failures(self.participation, FIT)
         failures = self.participation.failures
         self.enforce_policy(FIT)
         self.check_secure_outcome(outcome, f"round {server_round}", list(failures))

@@ -15,12 +15,10 @@ from fedcond import fingerprint as fp
 from fedcond import statistics_encoding as statistics
 from fedcond.errors import FedcondError
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
-from fedcond.participation import STATISTICS, Failure, RoundParticipation
-from strategies.base import EMPTY, late
+from fedcond.participation import STATISTICS, RoundParticipation
+from strategies.base import EMPTY
 from strategies.fedavg import FedcondFedAvg
-from strategies.federation import message_timeout
 from strategies.membership import PartitionProxy
-from strategies.secagg_workflow import run_secure_sum, workflow_for
 
 
 class ConditionalFedAvg(FedcondFedAvg):
@@ -48,15 +46,13 @@ class ConditionalFedAvg(FedcondFedAvg):
              FitIns(EMPTY, dict(question)))
             for partition in self.training_partitions
         ]  # fmt: skip
-        workflow = workflow_for(
-            self.secure.num_shares, self.secure.reconstruction_threshold, statistics.CLIPPING_RANGE,
-            statistics.QUANTIZATION_RANGE, max_weight=1.0, timeout=message_timeout(config),
+        outcome = self.secure_sum(
+            instructions, 0, client_manager, "the fingerprint statistics' secure sum",
+            (statistics.CLIPPING_RANGE, statistics.QUANTIZATION_RANGE), max_weight=1.0,
         )  # fmt: skip
-        grid = self.inputs.grid_for("the fingerprint statistics' secure sum")
-        outcome = run_secure_sum(grid, instructions, workflow, 0, client_manager)
         self.secure_sum_bytes = outcome.bytes_down + outcome.bytes_up
-        failures = [Failure(0, STATISTICS, partition, *why) for partition, why in outcome.dropped.items()]
-        failures += [Failure(0, STATISTICS, p, how, late(reason)) for p, (how, reason) in outcome.late.items()]
+        outcome.record_failures(participation, STATISTICS)
+        failures = list(participation.failures)
         self.report_failures(failures)
         self.check_secure_outcome(outcome, "the fingerprint statistics", failures)
         count = len(outcome.contributors)

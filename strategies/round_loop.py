@@ -15,8 +15,6 @@ from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
 from strategies.base import FedcondStrategy
 from strategies.client_dp import ClientSideClientDp, ServerSideClientDp
-from strategies.federation import message_timeout
-from strategies.secagg_workflow import run_secure_sum, workflow_for
 
 
 class CheckpointingServer(Server):
@@ -67,14 +65,12 @@ class CheckpointingServer(Server):
         if not isinstance(self.served, FedcondStrategy | ClientSideClientDp):
             raise FedcondError("secure-aggregation=secaggplus cannot run with client-dp=server-side")
         strategy = self.fedcond_strategy
-        config = strategy.inputs.config
         instructions = self.served.configure_fit(number, self.parameters, self._client_manager)
-        workflow = workflow_for(
-            strategy.secure.num_shares, strategy.secure.reconstruction_threshold, strategy.secure.clipping_range,
-            strategy.secure.quantization_range, float(strategy.inputs.largest_training_set), message_timeout(config),
+        outcome = strategy.secure_sum(
+            instructions, number, self._client_manager, "secure aggregation",  # type: ignore[arg-type]
+            (strategy.secure.clipping_range, strategy.secure.quantization_range),
+            float(strategy.inputs.largest_training_set),
         )  # fmt: skip
-        grid = strategy.inputs.grid_for("secure aggregation")
-        outcome = run_secure_sum(grid, instructions, workflow, number, self._client_manager)  # type: ignore[arg-type]
         return self.served.aggregate_secure_fit(number, outcome), {}, ([], [])
 
     def evaluate_round(self, server_round: int, timeout: float | None) -> Any:

@@ -50,7 +50,7 @@ from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 
 from fedcond.messages import EPSILON
-from fedcond.participation import FAILED, TIMED_OUT
+from fedcond.participation import FAILED, TIMED_OUT, RoundParticipation
 from fedcond.secagg_settings import MODULUS
 from strategies.federation import classify_failure
 from strategies.membership import PartitionProxy
@@ -73,6 +73,16 @@ class SecureSum:
     bytes_up: int
     #: The largest cumulative epsilon a contributor reported (sample-level DP; NaN without).
     epsilon: float = float("nan")
+
+    def record_failures(self, participation: RoundParticipation, stage: str) -> None:
+        """Every client the protocol left out, then every contributor that failed after its masked
+        vector was collected (it is in the sum all the same), as failures of ``stage``."""
+        for partition, (how, reason) in self.dropped.items():
+            participation.fail(stage, partition, reason, how)
+        for partition, (how, reason) in self.late.items():
+            participation.fail(
+                stage, partition, f"{reason} (after its masked update was collected: it is in the sum)", how
+            )
 
 
 def run_secure_sum(
