@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,8 +43,6 @@ OPTIONS = (DP_NOISE_MULTIPLIER, DP_MAX_GRAD_NORM, DP_DELTA, FINGERPRINT_EPSILON)
 #: The fewest training samples a client may hold for a DP fingerprint: the bound compares the data
 #: set with its neighbour one sample smaller, whose covariance needs two samples.
 MIN_FINGERPRINT_SAMPLES = 3
-#: Fingerprints with a sensitivity bound (the controls read no sample: they need no noise at all).
-PRIVATE_FINGERPRINTS = ("eigen", "class-eigen", "class-mean", "label-cov")
 
 
 @dataclass(frozen=True)
@@ -92,10 +91,10 @@ def check_sample_level(config: RunConfig, conditioned: bool) -> None:
                 f"fingerprint-epsilon applies to conditioned methods; {config.method} feeds no fingerprint: "
                 "set fingerprint-epsilon=0"
             )
-        if config.fingerprint not in PRIVATE_FINGERPRINTS:
+        if config.fingerprint not in SENSITIVITY_BOUNDS:
             raise FedcondError(
                 f"fingerprint {config.fingerprint} reads no training sample, so it costs no privacy and needs no "
-                f"noise: set fingerprint-epsilon=0 (DP fingerprints: {', '.join(PRIVATE_FINGERPRINTS)})"
+                f"noise: set fingerprint-epsilon=0 (DP fingerprints: {', '.join(SENSITIVITY_BOUNDS)})"
             )
         if config.fingerprint_encoder != "pixels":
             raise FedcondError(
@@ -148,35 +147,58 @@ def projection_norm(num_features: int, width: int) -> float:
     return float(np.linalg.norm(public_projection(num_features, width), 2))
 
 
+def _eigen_sensitivity(num_samples: int, num_features: int, _num_classes: int, dim: int) -> float:
+    # Rows [x || onehot(y)] have squared diameter D^2 = p + 2; the neighbour pairs are (n - 1, n) and
+    # (n, n + 1), the first the worse.
+    return spectrum_change_bound(num_features + 2.0, num_samples - 1, dim)
+
+
+def _class_eigen_sensitivity(_num_samples: int, num_features: int, num_classes: int, dim: int) -> float:
+    # Only the sample's class block changes; its count is private and may be tiny: the worst case
+    # over all counts (1 -> 2 rows: D^2 / 2, m -> m + 1: decreasing in m) with D^2 = p.
+    width = per_class_width(dim, num_classes)
+    return max(num_features / 2.0, spectrum_change_bound(float(num_features), 2, width))
+
+
+def _projected_diameter_squared(num_features: int, num_classes: int, dim: int) -> float:
+    return projection_norm(num_features, per_class_width(dim, num_classes)) ** 2 * num_features
+
+
+def _class_mean_sensitivity(_num_samples: int, num_features: int, num_classes: int, dim: int) -> float:
+    # One block, the class mean projected on P; worst when a class goes from 0 to 1 sample (0 -> P^T x).
+    return math.sqrt(_projected_diameter_squared(num_features, num_classes, dim))
+
+
+def _label_cov_sensitivity(num_samples: int, num_features: int, num_classes: int, dim: int) -> float:
+    # The pixel-label block of the covariance of [P^T x || onehot(y)]; a symmetric change holds that
+    # block twice, so its Frobenius norm is at most |C' - C|_F / sqrt(2).
+    diameter_squared = _projected_diameter_squared(num_features, num_classes, dim) + 2.0
+    return covariance_change_bound(diameter_squared, num_samples - 1) / math.sqrt(2)
+
+
+#: Every fingerprint with an L2 sensitivity bound, (samples, pixels, classes, dim) -> bound: the ones
+#: ``fingerprint-epsilon`` can noise (a fingerprint without one is refused with it; the controls read
+#: no sample and need no noise at all). A new fingerprint adds its bound here to be made private.
+SENSITIVITY_BOUNDS: dict[str, Callable[[int, int, int, int], float]] = {
+    "eigen": _eigen_sensitivity,
+    "class-eigen": _class_eigen_sensitivity,
+    "class-mean": _class_mean_sensitivity,
+    "label-cov": _label_cov_sensitivity,
+}
+
+
 def fingerprint_sensitivity(name: str, num_samples: int, num_features: int, num_classes: int, dim: int) -> float:
     """The L2 sensitivity of fingerprint ``name`` to adding or removing one training sample, for a client
-    holding ``num_samples`` samples of ``num_features`` pixels in [0, 1] and labels in ``num_classes``.
-
-    - ``eigen``: rows [x || onehot(y)] have squared diameter D^2 = p + 2; the neighbour pairs are
-      (n - 1, n) and (n, n + 1), the first the worse: ``spectrum_change_bound(D^2, n - 1, dim)``.
-    - ``class-eigen``: only the sample's class block changes; its count is private and may be tiny:
-      the worst case over all counts (1 -> 2 rows: D^2 / 2, m -> m + 1: decreasing in m) with D^2 = p.
-    - ``class-mean``: one block, the class mean projected on P; worst when a class goes from 0 to 1
-      sample (0 -> P^T x): |P|_2 sqrt(p).
-    - ``label-cov``: the pixel-label block of the covariance of [P^T x || onehot(y)]; a symmetric
-      change holds that block twice, so its Frobenius norm is at most |C' - C|_F / sqrt(2).
-    """
-    if name not in PRIVATE_FINGERPRINTS:
+    holding ``num_samples`` samples of ``num_features`` pixels in [0, 1] and labels in ``num_classes``
+    (``SENSITIVITY_BOUNDS`` holds each fingerprint's bound and why it holds)."""
+    if name not in SENSITIVITY_BOUNDS:
         raise FedcondError(f"fingerprint {name} has no sensitivity bound; set fingerprint-epsilon=0")
     if num_samples < MIN_FINGERPRINT_SAMPLES:
         raise FedcondError(
             f"a DP fingerprint needs at least {MIN_FINGERPRINT_SAMPLES} training samples, the client holds "
             f"{num_samples}; use more data per client or fingerprint-epsilon=0"
         )
-    width = per_class_width(dim, num_classes)
-    if name == "eigen":
-        return spectrum_change_bound(num_features + 2.0, num_samples - 1, dim)
-    if name == "class-eigen":
-        return max(num_features / 2.0, spectrum_change_bound(float(num_features), 2, width))
-    projected_diameter_squared = projection_norm(num_features, width) ** 2 * num_features
-    if name == "class-mean":
-        return math.sqrt(projected_diameter_squared)
-    return covariance_change_bound(projected_diameter_squared + 2.0, num_samples - 1) / math.sqrt(2)
+    return SENSITIVITY_BOUNDS[name](num_samples, num_features, num_classes, dim)
 
 
 # -- calibration and release -----------------------------------------------------------------------
