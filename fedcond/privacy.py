@@ -92,9 +92,14 @@ def check_sample_level(config: RunConfig, conditioned: bool) -> None:
                 "set fingerprint-epsilon=0"
             )
         if config.fingerprint not in SENSITIVITY_BOUNDS:
+            why = (
+                "reads no training sample, so it costs no privacy and needs no noise"
+                if not fingerprint_needs_data(config.fingerprint)
+                else "has no sensitivity bound to calibrate noise to (fedcond.privacy.SENSITIVITY_BOUNDS)"
+            )
             raise FedcondError(
-                f"fingerprint {config.fingerprint} reads no training sample, so it costs no privacy and needs no "
-                f"noise: set fingerprint-epsilon=0 (DP fingerprints: {', '.join(SENSITIVITY_BOUNDS)})"
+                f"fingerprint {config.fingerprint} {why}: set fingerprint-epsilon=0 "
+                f"(DP fingerprints: {', '.join(SENSITIVITY_BOUNDS)})"
             )
         if config.fingerprint_encoder != "pixels":
             raise FedcondError(

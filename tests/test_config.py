@@ -1,5 +1,6 @@
 import pytest
 
+from fedcond.conditioning import MECHANISMS
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.scenarios import validate_without_data
@@ -60,7 +61,7 @@ def test_dataset_defaults_are_resolved():
         ({"normalisation": "zscore"}, "unknown normalisation"),
         ({"verbose": "maybe"}, "needs a bool"),
         ({"fingerprint": "pca"}, "unknown fingerprint 'pca'; choose one of eigen, class-mean"),
-        ({"conditioning": "gate"}, "unknown conditioning 'gate'; choose one of concat, film, hyper"),
+        ({"conditioning": "telepathy"}, "unknown conditioning 'telepathy'; choose one of " + ", ".join(MECHANISMS)),
         ({"held-out-clients": -1}, "held-out-clients must be 0 or more"),
         ({"fingerprint": "class-mean", "normalisation": "log"}, "use normalisation=federated or none"),
         # Issue 14: values that used to start a run (or end in a traceback inside it).

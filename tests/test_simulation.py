@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedcond.config import RunConfig
+from fedcond.scenarios import SCENARIOS
 from strategies.registry import get_method, method_names, registry, run_config
 from strategies.simulation import simulate
 from tests.faults import FIT, HANG, RAISE, REPORT, Fault
@@ -77,6 +78,11 @@ SCENARIO_DATASETS = {
     "covariate-rotation": "digits", "concept-permutation": "digits", "concept-semantic": "mnist",
     "domain": "mnist", "covariate-subclass": "cifar10", "combined": "cifar10",
 }  # fmt: skip
+
+
+def test_every_scenario_of_the_table_runs_through_flower_below():
+    """label-shift runs in every method's test above; each other scenario needs its line here."""
+    assert set(SCENARIO_DATASETS) | {"label-shift"} == set(SCENARIOS)
 
 
 @pytest.mark.slow
