@@ -20,11 +20,11 @@ Writes ``experiments/results/encoder-choice/separation.md``; CIFAR-10 comes from
 
 from __future__ import annotations
 
-import argparse
-import os
 from pathlib import Path
 
 import numpy as np
+
+from fedcond.tools.experiment import script_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 ENCODERS = ("pixels", "fashion-mnist", "cifar10-reserved")
@@ -80,11 +80,7 @@ def measure(data_dir: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=os.environ.get("FEDCOND_DATA_DIR", ""), help="folder holding CIFAR-10")
-    args = parser.parse_args()
-    if not args.data_dir:
-        parser.error("give --data-dir or set FEDCOND_DATA_DIR to the folder holding CIFAR-10")
+    data_dir = script_data_dir(__doc__.splitlines()[0], "CIFAR-10")
     lines = [
         "# Which phi separates E4b's clusters (CIFAR-10, C=2: 4 clusters, the eigen fingerprint, l = 32)",
         "",
@@ -93,7 +89,7 @@ def main() -> None:
         "Chance for 1-NN cluster is about 0.25 and for 1-NN concept about 0.5; a k-means ARI of 1 recovers",
         "the clusters exactly.",
         "",
-        *measure(args.data_dir),
+        *measure(data_dir),
         "",
     ]
     out = ROOT / "experiments" / "results" / "encoder-choice" / "separation.md"

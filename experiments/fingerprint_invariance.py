@@ -14,8 +14,6 @@ Writes ``experiments/results/fingerprints/invariance.md``; MNIST comes from ``--
 
 from __future__ import annotations
 
-import argparse
-import os
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ import numpy as np
 from fedcond import fingerprint as fp
 from fedcond.client_data import rotate_images
 from fedcond.datasets import load_dataset
+from fedcond.tools.experiment import script_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY_GRIDS = sorted((ROOT / "experiments" / "grids").glob("fingerprints-*.toml"))
@@ -117,12 +116,8 @@ def separation(data_dir: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=os.environ.get("FEDCOND_DATA_DIR", ""), help="folder holding MNIST")
-    args = parser.parse_args()
-    if not args.data_dir:
-        parser.error("give --data-dir or set FEDCOND_DATA_DIR to the folder holding MNIST")
-    rows = measure(args.data_dir)
+    data_dir = script_data_dir(__doc__.splitlines()[0], "MNIST")
+    rows = measure(data_dir)
     lines = [
         "# Relative change of each fingerprint (MNIST, 2,000 training images, fingerprint-dim 32)",
         "",
@@ -143,7 +138,7 @@ def main() -> None:
         "mean and standard deviation. A ratio near 1 means clients of other clusters are as far as clients",
         "of the same cluster: the fingerprint identifies the client, not its distribution.",
         "",
-        *separation(args.data_dir),
+        *separation(data_dir),
         "",
     ]
     out = ROOT / "experiments" / "results" / "fingerprints" / "invariance.md"

@@ -545,3 +545,17 @@ def as_float(text: str) -> float:
         return float(text)
     except (TypeError, ValueError):
         return math.nan
+
+
+def script_data_dir(description: str, holding: str) -> str:
+    """The ``--data-dir`` of a script of experiments/ (else ``$FEDCOND_DATA_DIR``); its usage error
+    names both when neither is given."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--data-dir", default=os.environ.get("FEDCOND_DATA_DIR", ""), help=f"folder holding {holding}")
+    arguments = parser.parse_args()
+    if not arguments.data_dir:
+        parser.error(f"give --data-dir or set FEDCOND_DATA_DIR to the folder holding {holding}")
+    return str(arguments.data_dir)
