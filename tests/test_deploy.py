@@ -333,7 +333,8 @@ def test_only_supernodes_with_a_registered_key_join(tmp_path):
 @pytest.mark.slow
 def test_the_fab_holds_the_apps_code_and_every_module_they_import(tmp_path):
     """Flower ships the FAB to every node, and each deployed ClientApp process unpacks and checks it
-    again: it holds the code alone (fab-include), but nothing the ServerApp or ClientApp imports may miss."""
+    again: it holds the code alone (fab-include), but nothing the ServerApp or ClientApp imports may miss,
+    every method's classes and every conditioning mechanism included (both are imported when asked for)."""
     from flwr.cli.build import build_fab_from_disk
 
     with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(app_directory()))) as fab:
@@ -341,6 +342,10 @@ def test_the_fab_holds_the_apps_code_and_every_module_they_import(tmp_path):
     script = (
         "import sys, pathlib\n"
         "import clients.app, strategies.server_app\n"
+        "from fedcond.conditioning import MECHANISMS, mechanism\n"
+        "from strategies.registry import registry\n"
+        "classes = [(m.client, m.strategy) for m in registry().values()]  # imported when a run asks for them\n"
+        "mechanisms = [mechanism(name) for name in MECHANISMS]\n"
         "root = pathlib.Path.cwd().resolve()\n"
         "for name, module in list(sys.modules.items()):\n"
         "    if name.split('.')[0] in ('fedcond', 'clients', 'strategies'):\n"
