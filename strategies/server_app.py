@@ -1,10 +1,20 @@
-"""The Flower ServerApp: validates the run, writes its results folder, runs the method's strategy."""
+"""The Flower ServerApp: validates the run, writes its results folder, runs the method's strategy.
+
+A run the ServerApp stops (a refused setting, two nodes claiming one partition, too few answers)
+ends with one line, ``fedcond: error: <reason>``, on its output, which Flower streams to whoever
+submitted it (``flwr run --stream``), and with ``RunStopped``, which Flower's ServerApp runner
+(simulation and deployment alike) records as the run's failure with that reason (``flwr list``:
+``finished:failed``) before it exits, at once: a ``SystemExit`` would skip the runner's exit path,
+leaving the SuperLink to wait a minute for the missing heartbeat and the last lines unsent.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from flwr.common import Context
+from flwr.common.logger import FLOWER_LOGGER
 from flwr.server import Grid, ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 
@@ -69,6 +79,20 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     return recorder
 
 
+class RunStopped(Exception):
+    """The ServerApp stopped the run; ``str(self)`` is its one-line reason, already printed and in run.json."""
+
+
+class _WithoutTraceback(logging.Filter):
+    """Flower logs a ServerApp's exception with its traceback: a ``RunStopped`` has said its one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], RunStopped))
+
+
+FLOWER_LOGGER.addFilter(_WithoutTraceback())
+
+
 def make_server_app(config: RunConfig | None = None) -> ServerApp:
     """A ServerApp reading its settings from the run config, or from ``config`` when given (tests)."""
     app = ServerApp()
@@ -79,10 +103,10 @@ def make_server_app(config: RunConfig | None = None) -> ServerApp:
             run_server(grid, config or run_config(context.run_config))
         except Exception as error:
             # Any failure (a FedcondError, or an unexpected one such as a client's error at the
-            # secure-sum step) ends here as one line: run.json already says failed (failures_recorded),
-            # and SystemExit ends an in-process simulation quietly, so compare and sweep go on.
-            print(f"fedcond: error: {error_line(error)}", file=sys.stderr, flush=True)
-            raise SystemExit(1) from None
+            # secure-sum step) ends here as one line: run.json already says failed (failures_recorded).
+            line = error_line(error)
+            print(f"fedcond: error: {line}", file=sys.stderr, flush=True)
+            raise RunStopped(line) from None
 
     return app
 

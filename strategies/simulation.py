@@ -19,7 +19,7 @@ from flwr.simulation import run_simulation
 
 from clients.app import make_client_app
 from fedcond.config import RunConfig
-from strategies.server_app import make_server_app
+from strategies.server_app import RunStopped, make_server_app
 
 
 def backend_config(cpus_per_client: float = 1.0, gpus_per_client: float = 0.0) -> dict[str, dict[str, object]]:
@@ -60,6 +60,8 @@ def simulate(
                 num_supernodes=num_supernodes or config.num_clients,
                 backend_config=backend_config(cpus_per_client, gpus_per_client),  # type: ignore[arg-type]
             )
+    except RunStopped:
+        pass  # the ServerApp stopped the run: its line is printed, its folder says failed and why
     finally:
         FLOWER_LOGGER.setLevel(level)
 

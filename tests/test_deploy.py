@@ -26,6 +26,7 @@ from fedcond.history import run_status
 from fedcond.tools.certificates import CERTIFICATE_SCRIPT, generate_certificates, generate_node_keys
 from fedcond.tools.cli import main
 from fedcond.tools.deploy import (
+    CONNECTION,
     RESERVED_PORTS,
     LocalDeployment,
     free_ports,
@@ -417,3 +418,33 @@ def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
     assert {(f["round"], f["partition-id"]) for f in events["failures"]} >= {(2, 3)}
     assert [e["event"] for e in events["membership"] if e["partition-id"] == 3][-1] == "joined"
     assert statuses[node_id] == "online"  # the same node id: it belongs to the registered key
+
+
+@pytest.mark.slow
+def test_a_run_the_server_stops_says_why_in_the_submitting_terminal_at_once(tmp_path):
+    """The manual path (flower-superlink, flower-supernode, flwr run --stream, as an operator types
+    them) with a copy-paste slip: two SuperNodes given partition-id 0. The ServerApp's one line
+    reaches the terminal that submitted the run, `flwr run` returns right after it (not after the
+    SuperLink's minute-long wait for a heartbeat), and Flower records the run failed with that reason."""
+    config = RunConfig(num_clusters=2, clients_per_cluster=1, num_server_rounds=2)
+    reason = "partition-id 0 is claimed by 2 nodes and 1 partition(s) by none"
+    with LocalDeployment(tmp_path / "deployment", insecure=True) as deployment:
+        deployment.start(config, nodes=2)
+        deployment.processes.kill(deployment.nodes[1].name)  # its machine runs partition 0's config instead:
+        twin = supernode_command(deployment.superlink_port, free_ports(1)[0], deployment.nodes[0].node_config, None)
+        deployment.processes.start("twin", twin, tmp_path)
+        results = {"num-clusters": 2, "clients-per-cluster": 1, "num-server-rounds": 2, "results-dir": str(tmp_path)}
+        submitter = deployment.submit(app_directory(), results, log_as="flwr-run")
+        log = deployment.processes.log_path("flwr-run")
+        deadline = time.monotonic() + 180
+        while reason not in log.read_text() and submitter.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        said = time.monotonic()
+        assert f"fedcond: error: {reason}" in log.read_text(), log.read_text()[-3000:]
+        submitter.wait(timeout=30)
+        assert time.monotonic() - said < 15  # Flower's heartbeat wait would be a minute
+        assert "Traceback" not in log.read_text()
+        (run,) = deployment.flwr_answer(deployment.flwr_process(["list", CONNECTION]), "list")["runs"]
+        assert run["status"] == "finished:failed" and reason in run["status-details"]
+    assert_nothing_left(tmp_path)
