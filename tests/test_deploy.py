@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from flwr.common import Context, RecordDict
 
@@ -33,7 +34,7 @@ from fedcond.tools.deploy import (
     superlink_command,
     supernode_command,
 )
-from fedcond.tools.flwr_commands import app_directory, prepare, run_folder
+from fedcond.tools.flwr_commands import app_directory, executable, flower_environment, prepare, run_folder
 from fedcond.tools.processes import Processes, alive, descendants
 
 THREE_CLIENTS = RunConfig(num_clusters=3, clients_per_cluster=1)
@@ -308,12 +309,12 @@ def test_only_supernodes_with_a_registered_key_join(tmp_path):
         (registered,) = deployment.nodes.values()
         (stranger,) = generate_node_keys(tmp_path / "stranger", ["supernode-9"])
         ports = free_ports(2)
+        # The operator's wrapper around flower-supernode (fedcond supernode) says what to fix.
+        unregistered = supernode_command(deployment.superlink_port, ports[0], {"partition-id": 0, "num-partitions": 1},
+                                         deployment.certificates, stranger.private)  # fmt: skip
+        wrapped = [executable("fedcond"), "supernode", *unregistered[1:]]
         intruders = {
-            "unregistered-key": deployment.processes.start(
-                "unregistered-key",
-                supernode_command(deployment.superlink_port, ports[0], {}, deployment.certificates, stranger.private),
-                tmp_path,
-            ),
+            "unregistered-key": deployment.processes.start("unregistered-key", wrapped, tmp_path),
             "no-key": deployment.processes.start(
                 "no-key", supernode_command(deployment.superlink_port, ports[1], {}, deployment.certificates), tmp_path
             ),
@@ -323,6 +324,9 @@ def test_only_supernodes_with_a_registered_key_join(tmp_path):
             log = deployment.processes.log_path(name).read_text()
             assert "Failed to initialize the connection to the SuperLink" in log, log[-2000:]
             assert "SuperNode ID:" not in log  # it never became a node of this federation
+        assert "fedcond: the SuperLink refused this node's key: it is not registered there" in (
+            deployment.processes.log_path("unregistered-key").read_text()
+        )
         deadline = time.monotonic() + 180
         while (statuses := deployment.node_statuses()) != {registered.node_id: "online"}:
             assert time.monotonic() < deadline, statuses  # only the registered node, and it is in
@@ -448,3 +452,53 @@ def test_a_run_the_server_stops_says_why_in_the_submitting_terminal_at_once(tmp_
         (run,) = deployment.flwr_answer(deployment.flwr_process(["list", CONNECTION]), "list")["runs"]
         assert run["status"] == "finished:failed" and reason in run["status-details"]
     assert_nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("node_config", "message"),
+    [
+        (None, "no --node-config; give this node its client"),
+        ("num-partitions=3", "--node-config needs an integer partition-id=... (got None)"),
+        ("partition-id=3 num-partitions=3", "partition-id 3 is outside 0..2; fix --node-config"),
+        ("partition-id=0 num-partitions=3 partition-file='/nowhere/partition-0.npz'", "no partition file /nowhere"),
+        ("partition-id=1 num-partitions=3 partition-file='PARTITION'", "holds partition 0 but --node-config says"),
+    ],
+)
+def test_fedcond_supernode_checks_the_node_before_flower_starts(tmp_path, capsys, node_config, message):
+    (partition, *_) = export_partitions(RunConfig(num_clusters=3, clients_per_cluster=1), tmp_path / "partitions")
+    arguments = ["--insecure", "--superlink", "127.0.0.1:1"]
+    if node_config is not None:
+        arguments += ["--node-config", node_config.replace("PARTITION", str(partition))]
+    assert main(["supernode", *arguments]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("fedcond: error: ") and message in line
+    assert not processes_under(tmp_path)  # nothing started
+
+
+@pytest.mark.slow
+def test_fedcond_supernode_says_it_cannot_reach_the_superlink_and_its_pid_stops_all_it_started(tmp_path):
+    """flower-supernode retries a SuperLink it cannot reach forever; the wrapper says what to check. A
+    SIGTERM to the wrapper's PID alone (a service manager's stop) ends the SuperNode and its SuperExec."""
+    (port,) = free_ports(1)
+    command = [executable("fedcond"), "supernode", "--insecure", "--superlink", "127.0.0.1:1", "--port", str(port),
+               "--node-config", "partition-id=0 num-partitions=1"]  # fmt: skip
+    log = (tmp_path / "supernode.log").open("w")
+    wrapper = subprocess.Popen(command, cwd=tmp_path, env=flower_environment(), stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while "fedcond: cannot reach the SuperLink at 127.0.0.1:1" not in (tmp_path / "supernode.log").read_text():
+            assert time.monotonic() < deadline and wrapper.poll() is None, (tmp_path / "supernode.log").read_text()
+            time.sleep(0.5)
+        started = descendants([wrapper.pid])
+        assert any("superexec" in " ".join(psutil.Process(pid).cmdline()) for pid in started if alive(pid))
+        os.kill(wrapper.pid, signal.SIGTERM)  # its PID only, not its group
+        assert wrapper.wait(timeout=60) == 130
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in started):
+            assert time.monotonic() < deadline, [pid for pid in started if alive(pid)]
+            time.sleep(0.5)
+    finally:
+        log.close()
+        if wrapper.poll() is None:
+            os.killpg(wrapper.pid, signal.SIGKILL)

@@ -421,11 +421,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--keys", metavar="DIR", help="keep the SuperNodes' new key pairs in DIR (default: deleted afterwards)"
     )
     deploy_parser.add_argument("--dry-run", action="store_true", help="check every setting and say what would start")
+    supernode_parser = commands.add_parser(
+        "supernode",
+        help="flower-supernode with its node config and files checked first, hints for Flower's refusals, "
+        "and a stop that ends everything it started (every argument is flower-supernode's)",
+    )
+    supernode_parser.add_argument("arguments", nargs=argparse.REMAINDER, help="flower-supernode's arguments")
     export_parser = commands.add_parser("export-partitions", help="write every client's data to partition-<id>.npz")
     export_parser.add_argument("settings", nargs="*", help="run-config overrides that shape the split")
     export_parser.add_argument("--out", required=True, metavar="DIR", help="folder for the partition files")
     export_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
-    arguments = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["supernode"] and words[1:2] not in (["-h"], ["--help"]):
+        # flower-supernode's own options follow: argparse would take them for fedcond's.
+        arguments = argparse.Namespace(command="supernode", arguments=words[1:])
+    else:
+        arguments = parser.parse_args(words)
     try:
         if arguments.command == "list":
             return list_choices()
@@ -437,6 +448,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return report(Path(arguments.out))
         if arguments.command == "reproduction":
             return reproduction(arguments.folders, arguments.out, arguments.notes)
+        if arguments.command == "supernode":
+            from fedcond.tools.supernode import run_supernode
+
+            return run_supernode(arguments.arguments)
         if arguments.command in ("deploy-local", "export-partitions"):
             if arguments.command == "export-partitions":
                 return deploy.export_partitions_command(arguments.settings, arguments.out, arguments.config)

@@ -79,20 +79,25 @@ class Processes:
         self.log_folder = log_folder
         self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
 
-    def start(self, name: str, command: Sequence[str], cwd: Path, log: bool = True) -> subprocess.Popen[bytes]:
-        """Start ``command``; its output goes to ``<log folder>/<name>.log`` (else to ours).
+    def start(
+        self, name: str, command: Sequence[str], cwd: Path, log: bool = True, pipe: bool = False
+    ) -> subprocess.Popen[bytes]:
+        """Start ``command``; its output goes to ``<log folder>/<name>.log`` (else to ours, or with
+        ``pipe`` to the process's ``stdout`` for the launcher to read, stderr included).
 
         A name started again (a restarted node) appends to its log: what the first one wrote stays.
         """
-        output: IO[bytes] | None = self.log_path(name).open("ab") if log else None
+        output: IO[bytes] | int | None = self.log_path(name).open("ab") if log else None
+        if pipe:
+            output = subprocess.PIPE
         try:
             # A new session per process: Ctrl+C reaches only this launcher, which then stops them in order.
             process = subprocess.Popen(
-                list(command), cwd=cwd, env=self.environment, stdout=output, stderr=subprocess.STDOUT if log else None,
-                start_new_session=True,
+                list(command), cwd=cwd, env=self.environment, stdout=output,
+                stderr=subprocess.STDOUT if log or pipe else None, start_new_session=True,
             )  # fmt: skip
         finally:
-            if output is not None:
+            if output is not None and not isinstance(output, int):
                 output.close()  # the child holds its own copy
         self.started.append((name, process))
         return process

@@ -1,0 +1,156 @@
+"""``fedcond supernode``: Flower's ``flower-supernode``, with what its operator needs around it.
+
+Every argument is ``flower-supernode``'s, passed on unchanged. Around it:
+
+- **before** Flower starts, this node's files are checked: ``--node-config`` holds an integer
+  ``partition-id`` and ``num-partitions``, its ``partition-file`` exists and is that partition's,
+  ``--root-certificates`` and ``--auth-supernode-private-key`` exist; a problem is one line naming
+  the fix, and nothing starts;
+- **while** it runs, its output is shown as it is, and Flower's refusals and retries get one line
+  saying what to fix (``HINTS``): a key the SuperLink never registered, a SuperLink it cannot
+  reach;
+- **stopping** it by the PID of this command (Ctrl+C, ``kill``, a service manager's SIGTERM) stops
+  everything the SuperNode started, its ``flower-superexec`` and ClientApp processes included
+  (``flower-supernode``'s own children outlive a signal sent to it alone).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fedcond.errors import FedcondError
+from fedcond.tools.flwr_commands import executable, flower_environment
+from fedcond.tools.processes import Processes
+
+#: Text of a line of flower-supernode's output -> what fedcond says once after it.
+HINTS = {
+    "[code: 2004]": (
+        "the SuperLink refused this node's key: it is not registered there (on the SuperLink machine: "
+        "flwr supernode register KEY.pub CONNECTION, which prints the node id), or the node it belongs to "
+        "is still listed online after a crash (wait two 30-s heartbeats, then start it again)"
+    ),
+    "[code: 2001]": (
+        "the SuperLink admits registered keys only: start the node with --auth-supernode-private-key "
+        "KEY (its .pub registered on the SuperLink machine)"
+    ),
+}
+#: flower-supernode retries an unreachable SuperLink forever; after this many failed attempts in a row:
+UNREACHABLE_AFTER = 3
+UNREACHABLE = "Connection attempt failed"
+
+
+def _option(arguments: Sequence[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in flower-supernode's arguments."""
+    for index, argument in enumerate(arguments):
+        if argument == name and index + 1 < len(arguments):
+            return arguments[index + 1]
+        if argument.startswith(f"{name}="):
+            return argument.split("=", 1)[1]
+    return None
+
+
+def check_node(arguments: Sequence[str]) -> None:
+    """This node's settings and files, before Flower starts: one line naming the fix, or nothing."""
+    from flwr.common.config import parse_config_args
+
+    for flag in ("--root-certificates", "--auth-supernode-private-key"):
+        path = _option(arguments, flag)
+        if path is not None and not Path(path).expanduser().is_file():
+            raise FedcondError(f"{flag} {path}: no such file; give the path of this node's copy")
+    raw = _option(arguments, "--node-config")
+    if raw is None:
+        raise FedcondError(
+            'no --node-config; give this node its client: --node-config "partition-id=I num-partitions=N '
+            "partition-file='/path/to/partition-I.npz'\""
+        )
+    try:
+        node = parse_config_args([raw])
+    except Exception as error:  # Flower's parser raises several kinds on a malformed string
+        raise FedcondError(f"--node-config {raw!r} is not key=value pairs ({error}); quote strings inside it") from None
+    for key in ("partition-id", "num-partitions"):
+        if not isinstance(node.get(key), int) or isinstance(node.get(key), bool):
+            raise FedcondError(f"--node-config needs an integer {key}=... (got {node.get(key)!r})")
+    partition_id, num_partitions = int(node["partition-id"]), int(node["num-partitions"])
+    if not 0 <= partition_id < num_partitions:
+        raise FedcondError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}; fix --node-config")
+    if "partition-file" in node:
+        _check_partition_file(Path(str(node["partition-file"])).expanduser(), partition_id)
+
+
+def _check_partition_file(path: Path, partition_id: int) -> None:
+    fix = "copy this client's partition-<id>.npz from fedcond export-partitions there"
+    if not path.is_absolute():
+        raise FedcondError(
+            f"partition-file {path} is relative: the ClientApp runs in another folder; give its absolute path"
+        )
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            held = int(stored["partition_id"])
+    except FileNotFoundError:
+        raise FedcondError(f"no partition file {path}; {fix}") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        raise FedcondError(f"{path} is not a readable partition file ({error}); {fix}") from None
+    if held != partition_id:
+        raise FedcondError(f"{path} holds partition {held} but --node-config says partition-id={partition_id}")
+
+
+def run_supernode(arguments: Sequence[str]) -> int:
+    """Check, start and watch ``flower-supernode ARGUMENTS``; its exit status (130 when stopped)."""
+    from fedcond.tools.deploy import sigterm_as_interrupt
+
+    check_node(arguments)
+    logs = Path(tempfile.mkdtemp(prefix="fedcond-supernode-"))  # unused: the output is piped to ours
+    processes = Processes(flower_environment(), logs)
+    try:
+        with sigterm_as_interrupt():
+            node = processes.start("supernode", [executable("flower-supernode"), *arguments], Path.cwd(), log=False,
+                                   pipe=True)  # fmt: skip
+            # Its children hold the pipe too and outlive it: read in a thread, watch the SuperNode here.
+            reader = threading.Thread(target=_show, args=(node, arguments), daemon=True)
+            reader.start()
+            while node.poll() is None:
+                time.sleep(0.2)
+            processes.stop_all()  # what it leaves behind (its SuperExec) ends with it
+            reader.join(timeout=5)
+            return node.returncode
+    except KeyboardInterrupt:
+        print("fedcond: stopping the SuperNode and everything it started", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        processes.stop_all()
+        logs.rmdir()
+
+
+def _show(node: subprocess.Popen[bytes], arguments: Sequence[str]) -> None:
+    """flower-supernode's output as it is, and after a line of ``HINTS`` (or repeated failures to
+    reach the SuperLink) fedcond's line saying what to fix, once each."""
+    assert node.stdout is not None
+    said: set[str] = set()
+    failed_attempts = 0
+    for raw in node.stdout:
+        line = raw.decode(errors="replace")
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        failed_attempts += UNREACHABLE in line
+        if failed_attempts == UNREACHABLE_AFTER:
+            address = _option(arguments, "--superlink") or "the default address"
+            _say(f"cannot reach the SuperLink at {address} (--superlink): check the address and port (on a "
+                 "network, the Fleet proxy's, docs/deployment.md), that the SuperLink runs and that no "
+                 "firewall blocks it; Flower keeps retrying")  # fmt: skip
+        for pattern, hint in HINTS.items():
+            if pattern in line and pattern not in said:
+                said.add(pattern)
+                _say(hint)
+
+
+def _say(text: str) -> None:
+    print(f"fedcond: {text}", file=sys.stderr, flush=True)
