@@ -181,6 +181,9 @@ class RunRecorder:
         self.records: list[RoundRecord] = list(history)
         self._info: dict[str, Any] = {
             "config": portable_config(config, folder),
+            # The settings as the run used them; the paths among them as seen from this folder, so the
+            # folder can move between machines (fedcond report and resume read them so).
+            "config_paths": {key: "relative to this run's folder" for key in PATH_KEYS},
             **details,
             "versions": package_versions(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -258,7 +261,7 @@ class RunRecorder:
     def close(self) -> None:
         """Let go of the folder (the run has ended, one way or another)."""
         if self._lock is not None:
-            self._lock.close()
+            locks.release(self._lock)
             self._lock = None
 
     def _write_info(self) -> None:

@@ -41,12 +41,19 @@ def acquire(path: Path) -> TextIO:
     return handle
 
 
+def release(handle: TextIO) -> None:
+    """Let go of the lock ``handle`` holds and remove its file: a folder nobody works in holds none.
+    (Removed while still held: a process that opens the path afterwards makes a new lock of its own.)"""
+    Path(handle.name).unlink(missing_ok=True)
+    handle.close()
+
+
 def holder_of(path: Path) -> str | None:
     """Who holds the lock ``path`` now (their PID), or None when nobody does (it is not taken)."""
     if not path.exists():
         return None
     try:
-        acquire(path).close()
+        release(acquire(path))  # free: a lock file left by a process that died goes too
     except Held as held:
         return held.holder
     return None

@@ -56,8 +56,11 @@ def test_every_method_learns_through_flower_and_writes_a_finite_complete_history
     assert info["versions"]["flwr"] == "1.42.0"
     # Only conditioned methods run the secure sum for federated normalisation.
     assert (info["secure_sum_bytes"] > 0) == get_method(method).conditioned
-    # No path of this machine in run.json: results-dir is recorded relative to the run's folder.
+    # No path of this machine in run.json: results-dir is recorded relative to the run's folder, and says so.
     assert info["config"]["results-dir"] == ".." and "results_folder" not in info
+    assert info["config_paths"]["results-dir"] == "relative to this run's folder"
+    (folder,) = (tmp_path / "results").iterdir()
+    assert not list(folder.glob(".*lock"))  # a finished run's folder holds no lock
 
 
 @pytest.mark.slow

@@ -445,7 +445,7 @@ def experiment_lock(out: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        handle.close()  # closing releases the lock
+        locks.release(handle)
 
 
 def run_one(runner: Runner, run: PlannedRun, runs_dir: Path) -> None:
