@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -502,3 +503,63 @@ def test_fedcond_supernode_says_it_cannot_reach_the_superlink_and_its_pid_stops_
         log.close()
         if wrapper.poll() is None:
             os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").is_file() else None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx-light)")
+def test_the_fleet_only_proxy_of_the_docs_carries_a_whole_run_and_nothing_else(tmp_path):
+    """docs/deployment.md's nginx block, on loopback: the SuperLink listens on its own port, registered
+    SuperNodes dial the proxy's port alone, a run finishes through it with every one of the nodes'
+    calls under /v1/fleet/, and the Control API answers 404 there."""
+    import httpx
+
+    from fedcond.tools.deploy import fleet_proxy_server
+
+    config = RunConfig(num_clusters=1, clients_per_cluster=2, num_server_rounds=1)
+    with LocalDeployment(tmp_path / "deployment", keys_folder=tmp_path / "keys") as deployment:
+        deployment.start(config, nodes=2, start_nodes=False)
+        (proxy_port,) = free_ports(1)
+        nginx_folder = tmp_path / "nginx"
+        nginx_folder.mkdir()
+        temporary = " ".join(f"{kind}_temp_path {nginx_folder / kind};" for kind in ("client_body", "proxy"))
+        server = fleet_proxy_server(f"127.0.0.1:{proxy_port}", deployment.superlink_port,
+                                    deployment.workdir / "certificates")  # fmt: skip
+        (nginx_folder / "nginx.conf").write_text(
+            f"daemon off; pid {nginx_folder / 'nginx.pid'}; error_log {nginx_folder / 'error.log'};\n"
+            f"events {{}}\nhttp {{\n{temporary}\naccess_log {nginx_folder / 'access.log'};\n{server}}}\n"
+        )
+        deployment.processes.start("nginx", [NGINX, "-c", str(nginx_folder / "nginx.conf")], nginx_folder)
+        deadline = time.monotonic() + 30
+        while "ssl" not in " ".join(str(c.laddr) for c in psutil.net_connections("tcp") if c.laddr.port == proxy_port):
+            assert time.monotonic() < deadline, (nginx_folder / "error.log").read_text()
+            if any(
+                c.laddr.port == proxy_port and c.status == psutil.CONN_LISTEN for c in psutil.net_connections("tcp")
+            ):
+                break
+            time.sleep(0.2)
+        for node in deployment.nodes.values():  # they know the proxy's address alone
+            command = supernode_command(proxy_port, node.port, node.node_config, deployment.certificates,
+                                        node.key.private)  # fmt: skip
+            deployment.processes.start(node.name, command, deployment.workdir)
+        results = {"num-clusters": 1, "clients-per-cluster": 2, "num-server-rounds": 1, "results-dir": str(tmp_path)}
+        assert deployment.submit(app_directory(), results, log_as="flwr-run").wait(timeout=300) == 0
+        (run,) = (tmp_path).glob("conditional-*")
+        assert json.loads((run / "run.json").read_text())["status"] == "finished"
+        paths = [line.split('"')[1].split()[1] for line in (nginx_folder / "access.log").read_text().splitlines()]
+        assert paths and all(path.startswith("/v1/fleet/") for path in paths), sorted(set(paths))
+        with httpx.Client(verify=str(deployment.certificates.ca)) as client:
+            for path in ("/v1/control/list-runs", "/v1/control/register-node"):
+                assert client.post(f"https://127.0.0.1:{proxy_port}{path}", content=b"").status_code == 404
+    assert_nothing_left(tmp_path)
+
+
+def test_the_docs_nginx_block_is_the_one_the_proxy_test_runs():
+    """docs/deployment.md shows fleet_proxy_server's block for its example addresses, word for word."""
+    from fedcond.tools.deploy import fleet_proxy_server
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "deployment.md").read_text()
+    shown = docs.split("```nginx\n", 1)[1].split("```", 1)[0].split("\n", 1)[1]
+    assert shown == fleet_proxy_server("0.0.0.0:39202", 39201, Path("/home/you/fl/certificates"))

@@ -120,6 +120,35 @@ def supernode_command(
     ]  # fmt: skip
 
 
+def fleet_proxy_server(listen: str, superlink_port: int, certificates_folder: Path) -> str:
+    """nginx's ``server`` block that exposes a SuperLink's Fleet API alone (docs/deployment.md).
+
+    In flwr 1.42 one SuperLink port serves Fleet (the SuperNodes'), Control (``flwr``: runs, key
+    registration) and Runtime (its ServerApp); Control has no credential in the open-source
+    distribution, so the SuperLink listens on loopback and this proxy passes ``/v1/fleet/`` only, over
+    TLS with the SuperLink's own certificate, and answers everything else 404.
+    """
+    folder = certificates_folder
+    return f"""server {{
+    listen {listen} ssl;                       # what the SuperNodes dial: --superlink HOST:PORT
+    ssl_certificate     {folder / "server.pem"};
+    ssl_certificate_key {folder / "server.key"};
+    client_max_body_size 0;                    # model updates can be large
+    proxy_request_buffering off;               # and stream through, never buffered on disk
+    proxy_buffering off;
+    proxy_read_timeout 300s;
+    location /v1/fleet/ {{
+        proxy_pass https://127.0.0.1:{superlink_port};   # the SuperLink, on loopback only
+        proxy_ssl_trusted_certificate {folder / "ca.crt"};
+        proxy_ssl_verify on;
+        proxy_ssl_name localhost;              # a DNS name in its certificate: nginx checks names
+        proxy_http_version 1.1;
+    }}
+    location / {{ return 404; }}                 # Control and Runtime stay on loopback
+}}
+"""
+
+
 def flwr_connection_toml(superlink_port: int, certificates: Certificates | None) -> str:
     """``$FLWR_HOME/config.toml`` naming this SuperLink as the default connection of ``flwr``."""
     security = "insecure = true" if certificates is None else f'root-certificates = "{certificates.ca}"'
@@ -252,8 +281,9 @@ class LocalDeployment:
         self.stop()
 
     # -- starting ----------------------------------------------------------------------------------------
-    def start(self, config: RunConfig, nodes: int) -> None:
-        """Credentials, partition files, the SuperLink, key registrations, then ``nodes`` SuperNodes."""
+    def start(self, config: RunConfig, nodes: int, start_nodes: bool = True) -> None:
+        """Credentials, partition files, the SuperLink, key registrations, then ``nodes`` SuperNodes
+        (unless ``start_nodes`` is False: a caller that starts them its own way)."""
         if not self.insecure:
             check_keys_folder(self.keys_folder, nodes)
         # N SuperNodes share this machine's cores; without this every ClientApp's torch takes them all.
@@ -276,7 +306,7 @@ class LocalDeployment:
         wait_until_listening(self.superlink_port, superlink, self.processes.log_path("superlink"))
         (self.flwr_home / "config.toml").write_text(flwr_connection_toml(self.superlink_port, self.certificates))
         self.register_keys()
-        for partition_id in self.nodes:
+        for partition_id in self.nodes if start_nodes else ():
             self.start_node(partition_id)
 
     def register_keys(self) -> None:
