@@ -29,9 +29,10 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-# flwr's local SuperLink outlives `flwr run` and keeps the environment it started with.
-stop-superlink:
-	-pkill -f flower-superlink
+# flwr's local SuperLink outlives `flwr run` and keeps the environment it started with: this ends the
+# one of this FLWR_HOME only (its PID is in each run's local-superlink.json), never another user's.
+stop-superlink: $(STAMP)
+	$(BIN)/fedcond stop-superlink
 
 clean-venv:
 	rm -rf $(VENV)

@@ -2,6 +2,7 @@
 
 import contextlib
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from fedcond.tools.cli import main
 from fedcond.tools.deploy import free_ports
+from fedcond.tools.processes import alive
 from tests.test_datasets import write_fake_mnist
 
 
@@ -84,15 +86,29 @@ def test_fedcond_run_goes_through_flwr_run(tmp_path):
     }
     command = [sys.executable, "-m", "fedcond.tools.cli", "run", "num-clusters=2", "clients-per-cluster=2",
                "num-server-rounds=2", "local-epochs=1", "results-dir=out"]  # fmt: skip
+    # Another Flower home's SuperLink (a stand-in by that name): `fedcond stop-superlink` must leave it.
+    other = tmp_path / "flower-superlink"
+    other.write_text("import time\ntime.sleep(300)\n")
+    other_home_log = tmp_path / "other-home" / "local-superlink" / "superlink.log"
+    bystander = subprocess.Popen([sys.executable, str(other), "--log-file", str(other_home_log)])
     try:
         finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        (folder,) = (tmp_path / "out").iterdir()
+        recorded = json.loads((folder / "local-superlink.json").read_text())["pid"]
+        # The SuperLink flwr started for this test's Flower home, not the stand-in or an earlier run's.
+        assert str(tmp_path / "flwr-home") in " ".join(psutil.Process(recorded).cmdline())
+        stopped = subprocess.run([sys.executable, "-m", "fedcond.tools.cli", "stop-superlink"], env=environment,
+                                 capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+        assert f"(PID {recorded})" in stopped.stdout and not alive(recorded)
+        assert bystander.poll() is None  # the other home's SuperLink still runs
     finally:
         stop_superlink_on(http_port)
+        bystander.kill()
     assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
     assert "round   2/2  accuracy" in finished.stdout and "fedcond: finished 2 rounds" in finished.stdout
+    assert f"local SuperLink (PID {recorded}" in finished.stdout and "fedcond stop-superlink" in finished.stdout
     # The terminal holds fedcond's lines only; Flower's own (INFO ...) went to the run's flower.log.
     assert all(line.startswith(("fedcond:", "round ", "scenario ", "  ")) for line in finished.stdout.splitlines())
-    (folder,) = (tmp_path / "out").iterdir()
     with (folder / "history.csv").open() as handle:
         assert [row["round"] for row in csv.DictReader(handle)] == ["1", "2"]
     assert {"run.json", "convergence.png", "flower.log"} <= {path.name for path in folder.iterdir()}

@@ -104,6 +104,8 @@ def copy_of_the_experiments(tmp_path, monkeypatch):
     """Commands run where a user types them, the checkout's root: here a copy of what they read."""
     shutil.copytree(ROOT / "experiments", tmp_path / "experiments")
     monkeypatch.chdir(tmp_path)
+    # A Flower home of its own: `fedcond stop-superlink` must not end the user's local SuperLink.
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
     return tmp_path
 
 

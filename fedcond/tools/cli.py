@@ -25,7 +25,7 @@ from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import run_status
 from fedcond.scenarios import forget_loaded_data
-from fedcond.tools import deploy
+from fedcond.tools import deploy, local_superlink
 from fedcond.tools.experiment import (
     Experiment,
     column_name,
@@ -79,10 +79,12 @@ def run(
     gpus_per_client: float | None,
     override_file: str | None = None,
     dry_run: bool = False,
+    stop_superlink: bool = False,
 ) -> int:
     """``fedcond run``: ``flwr run`` with the node count, resources, offline environment and an absolute
     results folder filled in. The terminal shows fedcond's own lines; Flower's full output goes to
-    ``flower.log`` in the run's folder, which also gets ``convergence.png``."""
+    ``flower.log`` in the run's folder, which also gets ``convergence.png``. Flower's local SuperLink
+    stays up for the next run unless ``stop_superlink``; its PID is in the run's folder either way."""
     if dry_run:
         print(describe_run(settings_from(assignments, override_file)))
         return 0
@@ -113,7 +115,7 @@ def run(
                to_run_config_string(overrides), "--federation-config", federation]  # fmt: skip
     environment = flower_environment()
     # flwr's local SuperLink keeps the cwd it starts in; a neutral one keeps it out of the source tree.
-    flwr_home = Path(environment.get("FLWR_HOME", Path.home() / ".flwr"))
+    flwr_home = local_superlink.flower_home(environment)
     flwr_home.mkdir(parents=True, exist_ok=True)
     folder = run_folder(overrides)
     resuming = bool(RESUME.of(config))
@@ -141,9 +143,31 @@ def run(
     if reason is not None:
         print(f"fedcond: error: the run did not finish (status: {reason}); Flower's output is in {log}",
               file=sys.stderr)  # fmt: skip
-        return returncode or 1
-    print(closing_summary(folder, plotted=plotted.is_set()), flush=True)
-    return returncode
+    else:
+        print(closing_summary(folder, plotted=plotted.is_set()), flush=True)
+    print(superlink_line(folder, flwr_home, stop_superlink), flush=True)
+    return (returncode or 1) if reason is not None else returncode
+
+
+def superlink_line(folder: Path, flwr_home: Path, stop: bool) -> str:
+    """Record the local SuperLink that served the run in its folder, stop it if asked, and say which."""
+    pid = local_superlink.record(folder, flwr_home)
+    if pid is None:
+        return "fedcond: Flower's local SuperLink is not running"
+    if stop:
+        local_superlink.stop(flwr_home)
+        return f"fedcond: stopped Flower's local SuperLink (PID {pid}), as --stop-superlink asked"
+    return (f"fedcond: Flower's local SuperLink (PID {pid}, {local_superlink.RECORD_FILE}) stays up so the next run "
+            "starts sooner; fedcond stop-superlink ends that one alone")  # fmt: skip
+
+
+def stop_superlink() -> int:
+    """``fedcond stop-superlink``: end the local SuperLink of this Flower home (FLWR_HOME) only."""
+    home = local_superlink.flower_home(flower_environment())
+    pid = local_superlink.stop(home)
+    print(f"fedcond: stopped Flower's local SuperLink of {home} (PID {pid})" if pid is not None
+          else f"fedcond: no local SuperLink of {home} is running")  # fmt: skip
+    return 0
 
 
 FLOWER_LOG = "flower.log"
@@ -400,8 +424,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("settings", nargs="*", help="run-config overrides, e.g. method=fedavg num-clusters=5")
     run_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
     run_parser.add_argument("--dry-run", action="store_true", help="check every setting and say what would start")
+    run_parser.add_argument(
+        "--stop-superlink", action="store_true", help="stop Flower's local SuperLink after the run (else it stays up)"
+    )
     add_resource_flags(run_parser)
     add_experiment_commands(commands)
+    commands.add_parser("stop-superlink", help="stop Flower's local SuperLink of this FLWR_HOME (no other)")
     commands.add_parser("list", help="list methods, datasets, scenarios, fingerprints and conditionings")
     settings_parser = commands.add_parser("settings", help="every setting: key, default, who reads it, meaning")
     settings_parser.add_argument(
@@ -440,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments.command == "list":
             return list_choices()
+        if arguments.command == "stop-superlink":
+            return stop_superlink()
         if arguments.command == "settings":
             return print_settings(arguments.write)
         if arguments.command in ("compare", "sweep"):
@@ -465,6 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             arguments.gpus_per_client,
             arguments.config,
             arguments.dry_run,
+            arguments.stop_superlink,
         )
     except FedcondError as error:
         print(f"fedcond: error: {error}", file=sys.stderr)

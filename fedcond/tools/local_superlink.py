@@ -1,0 +1,81 @@
+"""Flower's local SuperLink: the one ``flwr run`` starts for a Flower home, found and stopped by PID.
+
+``flwr run`` with a local federation starts ``flower-superlink --simulation ... --log-file
+$FLWR_HOME/local-superlink/superlink.log`` detached and records its PID nowhere; it keeps running
+after the run (so the next run starts about 3 s faster) with the environment and working directory
+it started with. The log-file argument names the Flower home it belongs to, so that exact process is
+found among this user's processes, never another user's or another Flower home's SuperLink (a
+``pkill -f flower-superlink`` ends them all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import psutil
+
+from fedcond.tools.processes import STOP_GRACE
+
+#: Written into a run's folder by ``fedcond run``: which SuperLink served it and how to stop it.
+RECORD_FILE = "local-superlink.json"
+
+
+def flower_home(environment: dict[str, str] | None = None) -> Path:
+    """The Flower home ``flwr`` uses (``FLWR_HOME``, else ``~/.flwr``)."""
+    environment = os.environ if environment is None else environment
+    return Path(environment.get("FLWR_HOME", Path.home() / ".flwr"))
+
+
+def log_file(home: Path) -> Path:
+    """The log file Flower passes its local SuperLink for ``home`` (flwr/cli/local_superlink.py)."""
+    return home / "local-superlink" / "superlink.log"
+
+
+def find(home: Path) -> psutil.Process | None:
+    """The running local SuperLink of Flower home ``home`` started by this user, if any."""
+    wanted = str(log_file(home).resolve())
+    user = psutil.Process().username()
+    for process in psutil.process_iter(["cmdline", "username"], ad_value=None):
+        words = process.info["cmdline"] or []
+        if process.info["username"] != user or not any(Path(word).name == "flower-superlink" for word in words[:2]):
+            continue
+        if "--log-file" in words[:-1] and str(Path(words[words.index("--log-file") + 1]).resolve()) == wanted:
+            return process
+    return None
+
+
+def record(folder: Path, home: Path) -> int | None:
+    """Write which local SuperLink served the run in ``folder`` (``RECORD_FILE``, when the run made its
+    folder); its PID, or None when none is running."""
+    process = find(home)
+    if process is None:
+        return None
+    if folder.is_dir():
+        entry = {"pid": process.pid, "flwr_home": str(home), "log": str(log_file(home)),
+                 "stop": "fedcond stop-superlink"}  # fmt: skip
+        (folder / RECORD_FILE).write_text(json.dumps(entry, indent=2) + "\n")
+    return process.pid
+
+
+def stop(home: Path) -> int | None:
+    """End the local SuperLink of ``home`` and what it started (SIGTERM, then SIGKILL after
+    ``STOP_GRACE``); the PID it had, or None when none was running."""
+    process = find(home)
+    if process is None:
+        return None
+    family = [process, *process.children(recursive=True)]
+    for member in family:
+        try:
+            member.terminate()
+        except psutil.NoSuchProcess:
+            continue
+    _, left = psutil.wait_procs(family, timeout=STOP_GRACE)
+    for member in left:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(left, timeout=5)
+    return process.pid
