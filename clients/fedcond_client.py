@@ -22,7 +22,20 @@ from flwr.common import ArrayRecord, ConfigRecord, Context
 from fedcond.client_data import ClientData, reuse_enabled
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.messages import ACCURACY, EPSILON, ERROR, PARTITION_ID, SERVER_ROUND, STEP, STEP_IDENTITY, TRAIN_LOSS
+from fedcond.messages import (
+    ACCURACY,
+    EPSILON,
+    ERROR,
+    EVALUATE_FIRST,
+    EVALUATED_ACCURACY,
+    EVALUATED_EXAMPLES,
+    EVALUATED_LOSS,
+    PARTITION_ID,
+    SERVER_ROUND,
+    STEP,
+    STEP_IDENTITY,
+    TRAIN_LOSS,
+)
 from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
 from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, evaluate, train, train_private
@@ -195,9 +208,22 @@ class FedcondClient(NumPyClient):
 
     # -- federated rounds: what a method's client overrides --------------------------------------------
     def fit_instruction(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
-        """A training instruction: one round of training (a subclass may answer other steps)."""
+        """A training instruction: one round of training (a subclass may answer other steps). With
+        ``EVALUATE_FIRST`` (evaluate-in-fit) the model the message brings is evaluated first, exactly as
+        the last round's evaluate message would have evaluated it, and the result rides in the reply."""
+        evaluated = self.evaluate_received(parameters, round_config) if round_config.get(EVALUATE_FIRST) else None
         weights, num_examples, metrics = self.train_round(parameters, round_config)
+        if evaluated is not None:
+            loss, examples, evaluation = evaluated
+            metrics = {**metrics, EVALUATED_LOSS: loss, EVALUATED_EXAMPLES: examples,
+                       EVALUATED_ACCURACY: evaluation[ACCURACY]}  # fmt: skip
         return weights, num_examples, {**metrics, **self.privacy_metrics()}
+
+    def evaluate_received(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
+        """What an evaluate message with the training instruction's parameters would answer (before this
+        round's training changes any model the client keeps): ``evaluate_round`` unless a method's
+        training instruction brings other parameters than its evaluate message (IFCA)."""
+        return self.evaluate_round(parameters, round_config)
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         set_weights(self.model, parameters)

@@ -7,7 +7,7 @@ import numpy as np
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.aggregation import lowest_loss_choice
 from fedcond.errors import FedcondError
-from fedcond.messages import CHOICE, TRAIN_LOSS
+from fedcond.messages import CHOICE, EVALUATE_CHOICE, TRAIN_LOSS
 from fedcond.models import get_weights, set_weights
 from fedcond.training import evaluate
 
@@ -44,6 +44,14 @@ class IfcaClient(FedcondClient):
         loss = self.train_locally(self.model, round_config)
         metrics = {TRAIN_LOSS: loss, CHOICE: choice}
         return get_weights(self.model), len(self.data.train_y), metrics
+
+    def evaluate_received(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
+        # A training instruction brings all K models; the evaluate message would have brought only the
+        # last choice, which the server names (``EVALUATE_CHOICE``; none yet: the one it would choose).
+        if EVALUATE_CHOICE not in round_config:
+            return self.evaluate_round(parameters, round_config)
+        set_weights(self.model, self.split_models(parameters)[int(round_config[EVALUATE_CHOICE])])  # type: ignore[arg-type]
+        return self.evaluate_model(self.model, round_config)
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         candidates = self.split_models(parameters)

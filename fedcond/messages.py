@@ -25,6 +25,14 @@ ACCURACY = "accuracy"
 CHOICE = "choice"
 EPSILON = "epsilon"
 ERROR = "fedcond-error"
+#: In a training instruction (evaluate-in-fit): evaluate, before training, the model this message
+#: brings (the last round's aggregate), as the evaluate message would have; IFCA: with this choice.
+EVALUATE_FIRST = "evaluate-first"
+EVALUATE_CHOICE = "evaluate-choice"
+#: In a fit reply to such an instruction: that evaluation on the client's test set.
+EVALUATED_LOSS = "evaluated-loss"
+EVALUATED_ACCURACY = "evaluated-accuracy"
+EVALUATED_EXAMPLES = "evaluated-examples"
 
 FLOAT64 = "<f8"
 

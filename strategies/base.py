@@ -6,6 +6,7 @@ Ditto server does): which parameters each client receives and how returned model
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -31,8 +32,16 @@ from fedcond.aggregation import Model, StreamingAverage
 from fedcond.checkpoint import GLOBAL_MODEL, Checkpoint
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import RunRecorder
-from fedcond.messages import ERROR, SERVER_ROUND
+from fedcond.history import RoundRecord, RunRecorder
+from fedcond.messages import (
+    ACCURACY,
+    ERROR,
+    EVALUATE_FIRST,
+    EVALUATED_ACCURACY,
+    EVALUATED_EXAMPLES,
+    EVALUATED_LOSS,
+    SERVER_ROUND,
+)
 from fedcond.models import build_run_model, get_weights
 from fedcond.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundParticipation
 from fedcond.privacy import SampleLevelPrivacy
@@ -50,6 +59,14 @@ from strategies.round_tracking import (
 from strategies.secagg_workflow import SecureSum, run_secure_sum, workflow_for
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
+
+EVALUATE_IN_FIT = Option(
+    "evaluate-in-fit",
+    True,
+    "one message per client per round: each training instruction also evaluates the model it brings (the last "
+    "round's), the last round ends with one evaluate message; false: a fit and an evaluate message every round "
+    "(the history is the same; under secure-aggregation the evaluate message stays, as the server sees no fit reply)",
+)
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
 #: The tensor type of a fit reply whose model went into the round's running average on arrival.
 FOLDED = "fedcond.folded"
@@ -95,6 +112,16 @@ class StrategyInputs:
         if self.grid is None:
             raise FedcondError(f"{purpose} needs the run's grid; the ServerApp passes it")
         return self.grid
+
+
+def evaluations_in(fit_replies: list[tuple[int, FitRes]]) -> list[tuple[int, EvaluateRes]]:
+    """The evaluations that fit replies carry (evaluate-in-fit), as the evaluate replies they replace."""
+    return [
+        (partition, EvaluateRes(res.status, float(res.metrics[EVALUATED_LOSS]), int(res.metrics[EVALUATED_EXAMPLES]),
+                                {ACCURACY: res.metrics[EVALUATED_ACCURACY]}))
+        for partition, res in fit_replies
+        if EVALUATED_LOSS in res.metrics
+    ]  # fmt: skip
 
 
 def initial_weights(inputs: StrategyInputs, seed: int | None = None) -> Model:
@@ -148,7 +175,9 @@ class FedcondStrategy(Strategy):
     #: Run-config settings of this strategy, declared here rather than in a central list.
     options: ClassVar[tuple[Option, ...]] = ()
     #: Settings of the round protocol every strategy shares (failure policy, time limits).
-    protocol_options: ClassVar[tuple[Option, ...]] = (NODE_TIMEOUT, MIN_ANSWERED_FRACTION, ROUND_TIMEOUT)
+    protocol_options: ClassVar[tuple[Option, ...]] = (
+        NODE_TIMEOUT, MIN_ANSWERED_FRACTION, ROUND_TIMEOUT, EVALUATE_IN_FIT,
+    )  # fmt: skip
     #: Why this strategy's server cannot work from the sum of the returned models alone, as
     #: ``check_run`` words its refusal of secure-aggregation (None: it can, see ``combine_sum``).
     secure_aggregation_refusal: ClassVar[str | None] = "its server needs each client's own model, not their sum"
@@ -171,6 +200,10 @@ class FedcondStrategy(Strategy):
         self.fold_fit_replies = False
         self.fit_stream: StreamingAverage | None = None
         self._stream_lock = threading.Lock()
+        # SecAgg+ hands the server no fit reply, only the sum: an evaluation cannot ride in one.
+        self.evaluates_in_fit = EVALUATE_IN_FIT.of(config) and not self.secure.model_updates
+        #: The last round whose record was closed (``end_round``).
+        self.closed_round = 0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.inputs.config.method})"
@@ -198,6 +231,10 @@ class FedcondStrategy(Strategy):
     def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
         return current
 
+    def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        """The settings sent with ``partition_id``'s instruction: the round's, unless a method adds its own."""
+        return config
+
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         """The new global parameters from the answers of the clients that answered, as (partition id,
         reply) in partition order (None: keep the current ones)."""
@@ -217,12 +254,20 @@ class FedcondStrategy(Strategy):
 
         Subclasses that hold more extend both (per-client entries keyed by partition id).
         """
-        return {}, {"shared_config": dict(self.shared_config), "secure_sum_bytes": self.secure_sum_bytes}
+        pending = self.tracker.pending
+        return {}, {
+            "shared_config": dict(self.shared_config),
+            "secure_sum_bytes": self.secure_sum_bytes,
+            # evaluate-in-fit: the last round's record, whose evaluations the next round's fit brings.
+            "pending_round": dataclasses.asdict(pending) if pending is not None else None,
+        }
 
     def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
         """Take back what ``state`` saved (called after ``on_start``, whose set-up it replaces)."""
         self.shared_config = dict(values["shared_config"])
         self.secure_sum_bytes = int(values["secure_sum_bytes"])
+        pending = values.get("pending_round")
+        self.tracker.pending = RoundRecord(**pending) if pending else None
 
     # -- Flower's Strategy API -------------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
@@ -278,6 +323,11 @@ class FedcondStrategy(Strategy):
     def round_config(self, server_round: int) -> dict[str, Scalar]:
         return {SERVER_ROUND: server_round, **self.shared_config}
 
+    def fit_round_config(self, server_round: int) -> dict[str, Scalar]:
+        """A training round's settings: with a record pending (evaluate-in-fit), evaluate first."""
+        config = self.round_config(server_round)
+        return {**config, EVALUATE_FIRST: True} if self.tracker.pending is not None else config
+
     def instruct(
         self,
         stage: str,
@@ -291,14 +341,15 @@ class FedcondStrategy(Strategy):
         """One instruction per connected client of ``partitions`` (bytes counted); one asked but not
         connected fails ("node left"). Stops the run when too few are left to answer."""
         connected = self.membership.refresh(client_manager, server_round)
-        config = self.round_config(server_round)
+        config = self.fit_round_config(server_round) if stage == FIT else self.round_config(server_round)
         instructions: list[tuple[ClientProxy, Instruction]] = []
         for partition in partitions:
             if partition not in connected:
                 self.participation.fail(stage, partition, NODE_LEFT)
                 continue
             proxy = PartitionProxy(connected[partition], partition, self.participation, stage)
-            instructions.append((proxy, instruction(parameters_for(partition, current), config)))
+            settings = self.instruction_config(stage, partition, config)
+            instructions.append((proxy, instruction(parameters_for(partition, current), settings)))
         self.enforce_policy(stage, asking=True)
         # Under SecAgg+ the fit step's bytes are counted from its messages (aggregate_secure_fit).
         if not self.peer_to_peer and not (stage == FIT and self.secure.model_updates):
@@ -354,6 +405,8 @@ class FedcondStrategy(Strategy):
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         answered = answered_replies(FIT, results, failures, self.participation)
+        # The last round's row first: its evaluations came back even if the policy now stops the run.
+        self.tracker.complete_pending(evaluations_in(answered))
         self.enforce_policy(FIT)
         self.tracker.received_fit(answered, count_bytes=not self.peer_to_peer)
         return self.combine(server_round, answered), {}
@@ -377,21 +430,42 @@ class FedcondStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         # Also the clients whose fit failed: their evaluation still says how the model serves them.
-        everyone = range(self.inputs.config.num_clients)
+        # With evaluate-in-fit the training clients evaluate this round's model in the next round's
+        # fit: here only the held-out clients (who never train), and everyone after the last round.
+        config = self.inputs.config
+        asked = range(config.num_training_clients if self.defers_evaluation(server_round) else 0, config.num_clients)
         return self.instruct(
-            EVALUATE, EvaluateIns, self.evaluate_parameters, everyone, server_round, parameters, client_manager
+            EVALUATE, EvaluateIns, self.evaluate_parameters, asked, server_round, parameters, client_manager
         )
+
+    def defers_evaluation(self, server_round: int) -> bool:
+        """Whether the training clients evaluate round ``server_round``'s model in the next round's fit."""
+        return self.evaluates_in_fit and server_round < self.inputs.config.num_server_rounds
 
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
     ) -> tuple[float | None, dict[str, Scalar]]:
         answered = answered_replies(EVALUATE, results, failures, self.participation)
         self.enforce_policy(EVALUATE)
+        record = self.close_round(server_round, answered)
+        return record.loss, {"accuracy": record.accuracy}
+
+    def end_round(self, server_round: int) -> None:
+        """Called by the round loop after the round's evaluation step: closes the round's record where
+        that step asked no one (evaluate-in-fit without held-out clients), so Flower skipped it."""
+        if self.closed_round != server_round:
+            self.close_round(server_round, [])
+
+    def close_round(self, server_round: int, answered: list[tuple[int, EvaluateRes]]) -> RoundRecord:
+        """The round's record from the evaluations that came back (the training clients' may follow
+        in the next round's fit replies: ``defers_evaluation``)."""
         training = self.inputs.config.num_training_clients
         held_out = [pair for pair in answered if pair[0] >= training]
         participating = [pair for pair in answered if pair[0] < training]
-        record = self.tracker.finish_round(server_round, participating, held_out, self.participation.counts())
-        return record.loss, {"accuracy": record.accuracy}
+        self.closed_round = server_round
+        return self.tracker.finish_round(
+            server_round, participating, held_out, self.participation.counts(), self.defers_evaluation(server_round)
+        )
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """No server-side evaluation: every client evaluates on its own test set."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from sklearn.metrics import adjusted_rand_score
 
 from fedcond.aggregation import Model, average_per_group
 from fedcond.errors import FedcondError
-from fedcond.messages import CHOICE
+from fedcond.messages import CHOICE, EVALUATE_CHOICE, EVALUATE_FIRST
+from fedcond.participation import FIT
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 
 
@@ -117,6 +118,13 @@ class IfcaStrategy(ClusterModels):
         if partition_id not in self.assignment:
             return self.all_models()
         return self.model_of(partition_id)
+
+    def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        # Evaluate-in-fit: the training instruction brings all K models; the client evaluates the one an
+        # evaluate message would have brought (its last choice), as evaluate_parameters picks it.
+        if stage == FIT and EVALUATE_FIRST in config and partition_id in self.assignment:
+            return {**config, EVALUATE_CHOICE: self.assignment[partition_id]}
+        return config
 
     def groups(self, results: list[tuple[int, FitRes]]) -> list[int]:
         choices = [int(res.metrics[CHOICE]) for _, res in results]

@@ -76,6 +76,7 @@ class CheckpointingServer(Server):
     def evaluate_round(self, server_round: int, timeout: float | None) -> Any:
         number = server_round + self.rounds_before
         result = super().evaluate_round(number, timeout)
+        self.fedcond_strategy.end_round(number)
         self.save_checkpoint(number)  # only after the round's history row: an error above skips it
         return result
 

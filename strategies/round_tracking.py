@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TypeVar
@@ -88,6 +89,9 @@ class RoundTracker:
         self.train_loss = float("nan")
         self.ari = float("nan")
         self.epsilon = float("nan")
+        #: With evaluate-in-fit: the last round's record, all but the training clients' evaluations,
+        #: which the next round's fit replies bring (``complete_pending``).
+        self.pending: RoundRecord | None = None
 
     def start_round(self) -> None:
         self.round_start = time.perf_counter()
@@ -131,10 +135,14 @@ class RoundTracker:
         results: Sequence[tuple[int, EvaluateRes]],
         held_out: Sequence[tuple[int, EvaluateRes]] = (),
         counts: dict[str, int] | None = None,
+        deferred: bool = False,
     ) -> RoundRecord:
         """The round's record from the training clients' evaluations (``results``) and, kept apart,
         the held-out clients' (``heldout_accuracy``: NaN when there are none); ``counts`` says who
-        took part (``RoundParticipation.counts``). Only evaluations that came back count."""
+        took part (``RoundParticipation.counts``). Only evaluations that came back count.
+
+        ``deferred``: the training clients evaluate this round's model in the next round's fit
+        (evaluate-in-fit); the record waits in ``pending`` until ``complete_pending`` fills it in."""
         accuracy, loss, per_cluster = summarise_evaluations(self.evaluations(results))
         heldout_accuracy = summarise_evaluations(self.evaluations(held_out))[0] if held_out else float("nan")
         now = time.perf_counter()
@@ -153,11 +161,28 @@ class RoundTracker:
             epsilon=self.epsilon,
             **(counts or {}),
         )
+        if deferred:
+            self.pending = record
+        else:
+            self.record(record)
+        return record
+
+    def complete_pending(self, results: Sequence[tuple[int, EvaluateRes]]) -> RoundRecord | None:
+        """The pending round's record with the training clients' evaluations of its model, which the
+        fit replies of the round after it brought; recorded and printed (None: nothing pending)."""
+        if self.pending is None:
+            return None
+        accuracy, loss, per_cluster = summarise_evaluations(self.evaluations(results))
+        record = dataclasses.replace(self.pending, accuracy=accuracy, loss=loss, cluster_accuracy=per_cluster)
+        self.pending = None
+        self.record(record)
+        return record
+
+    def record(self, record: RoundRecord) -> None:
         if self.recorder is not None:
             self.recorder.add(record)
         if self.verbose:
             print(record.progress_line(self.num_rounds), flush=True)
-        return record
 
     def evaluations(self, results: Sequence[tuple[int, EvaluateRes]]) -> list[ClientEvaluation]:
         return [

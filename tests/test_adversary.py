@@ -133,10 +133,16 @@ ALLOWED: dict[tuple[str, str], set[str]] = {
     ("get_properties", "reply"): {"config:getpropertiesres.properties:partition-id", *status("getpropertiesres")},
     # A plain round: the model and the round's settings down; the model, the loss, IFCA's choice and
     # the DP accounting up (the sample count is FedAvg's weight).
-    ("train", "instruction"): {"array:fitins.parameters", *(f"config:fitins.config:{k}" for k in INSTRUCTION_CONFIG)},
+    # With evaluate-in-fit the instruction also asks to evaluate the model it brings (IFCA: which of
+    # its K), and the reply carries that evaluation on the client's test set, as an evaluate reply would.
+    ("train", "instruction"): {
+        "array:fitins.parameters",
+        *(f"config:fitins.config:{k}" for k in (*INSTRUCTION_CONFIG, "evaluate-first", "evaluate-choice")),
+    },
     ("train", "reply"): {
         "array:fitres.parameters", "metric:fitres.num_examples:num_examples", *status("fitres"),
-        *(f"config:fitres.metrics:{key}" for key in ("train-loss", "choice", "epsilon")),
+        *(f"config:fitres.metrics:{key}" for key in ("train-loss", "choice", "epsilon", "evaluated-loss",
+                                                     "evaluated-accuracy", "evaluated-examples")),
     },
     ("evaluate", "instruction"): {
         "array:evaluateins.parameters", *(f"config:evaluateins.config:{k}" for k in INSTRUCTION_CONFIG),
@@ -192,7 +198,7 @@ def test_every_key_of_every_message_is_on_the_allow_list(tmp_path, name):
 
     log = tmp_path / "messages.jsonl"
     config = run_config({
-        "num-clusters": 2, "clients-per-cluster": 1, "num-server-rounds": 1, "local-epochs": 1,
+        "num-clusters": 2, "clients-per-cluster": 1, "num-server-rounds": 2, "local-epochs": 1,
         "results-dir": str(tmp_path / "r"), "verbose": False, **RUNS[name],
     })  # fmt: skip
     simulate(config, client_mods=[MessageLog(str(log))], quiet=True)
@@ -209,6 +215,8 @@ def test_every_key_of_every_message_is_on_the_allow_list(tmp_path, name):
     assert expected <= set(seen)
     # Under SecAgg+ no plain training reply at all: every model update was masked.
     assert not (secure and ("train", "reply") in seen)
+    if not secure:  # round 2's training reply carried round 1's evaluation (evaluate-in-fit)
+        assert "config:fitres.metrics:evaluated-accuracy" in seen[("train", "reply")]
     if name == "conditional-secagg-dp":  # the DP keys did travel (so the allow-list saw them)
         assert "config:fitres.metrics:epsilon" in seen[("train/collect_masked_vectors", "reply")]
         assert "config:fitins.config:clipping_norm" in seen[("train/collect_masked_vectors", "instruction")]

@@ -392,8 +392,11 @@ def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
     ClientApps: no goodbye) and is started again, with its key and data, once round 2 is over. The run
     finishes (3 of 4 answers suffice with min-answered-fraction=0.75); the history shows round 2's
     failure and node 3 answering again in round 4."""
+    # Two messages a round: each round's row is written when that round ends, which the kill and the
+    # restart are timed by (with evaluate-in-fit a row waits for the next round's fit replies).
     settings = ["num-clusters=4", "clients-per-cluster=1", "num-server-rounds=4", "local-epochs=1", "batch-size=32",
-                "min-answered-fraction=0.75", "verbose=false", f"results-dir={tmp_path / 'results'}"]  # fmt: skip
+                "min-answered-fraction=0.75", "verbose=false", f"results-dir={tmp_path / 'results'}",
+                "evaluate-in-fit=false"]  # fmt: skip
     config, overrides = prepare(settings)
     folder = run_folder(overrides)
     with LocalDeployment(tmp_path / "deployment") as deployment:

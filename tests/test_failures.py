@@ -191,7 +191,8 @@ def test_below_the_threshold_the_round_stops_the_run_before_aggregating():
 
 
 def test_a_node_that_left_fails_before_it_is_asked_and_counts_once(tmp_path):
-    strategy = strategy_for("fedavg", tmp_path, **{"min-answered-fraction": 0.5})
+    # Both messages of a round (evaluate-in-fit asks the training clients to evaluate in the next fit).
+    strategy = strategy_for("fedavg", tmp_path, **{"min-answered-fraction": 0.5, "evaluate-in-fit": False})
     nodes = two_by_two()
     manager = federation(nodes)
     strategy.initialize_parameters(manager)

@@ -1,0 +1,71 @@
+"""One message per client per round (evaluate-in-fit): each training instruction also evaluates the
+model it brings, and the history is the one the two-message protocol writes, for every method."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from fedcond.config import RunConfig
+from strategies.registry import get_method, method_names, run_config
+from tests.in_process import run_in_process
+
+# Every federated method of the registry and every named variant: a new method is compared too.
+METHODS = [*method_names("all"), *method_names("variants")]
+ROUNDS = 3
+# What the protocol itself changes: time, and the evaluate messages' downloads that no longer happen.
+PROTOCOL_COLUMNS = {"seconds", "elapsed_seconds", "bytes_down"}
+
+
+def config_for(method: str, folder: Path, evaluate_in_fit: bool, **settings: object) -> RunConfig:
+    mapping: dict[str, object] = {
+        "method": method, "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": ROUNDS,
+        "local-epochs": 1, "ditto-personal-epochs": 1, "results-dir": str(folder), "verbose": False,
+        "evaluate-in-fit": evaluate_in_fit, **settings,
+    }  # fmt: skip
+    if get_method(method).conditioned:
+        mapping["normalisation"] = "none"  # the federated statistics need SecAgg+'s grid, which in_process lacks
+    return run_config(mapping)
+
+
+def history(folder: Path) -> list[dict[str, str]]:
+    with (folder / "history.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def compare_protocols(method: str, tmp_path: Path, **settings: object) -> tuple[dict, dict]:
+    """The same run under both protocols: each history without the protocol's own columns, and the
+    messages each sent."""
+    outcomes = {}
+    for evaluate_in_fit in (False, True):
+        recorder, messages = run_in_process(config_for(method, tmp_path / str(evaluate_in_fit), evaluate_in_fit,
+                                                       **settings))  # fmt: skip
+        rows = [{k: v for k, v in row.items() if k not in PROTOCOL_COLUMNS} for row in history(recorder.folder)]
+        outcomes[evaluate_in_fit] = (rows, dict(messages))
+    return outcomes[False], outcomes[True]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_message_per_round_writes_the_two_message_history_column_for_column(method, tmp_path):
+    (two, two_messages), (one, one_messages) = compare_protocols(method, tmp_path)
+    assert [row["round"] for row in one] == [str(r) for r in range(1, ROUNDS + 1)]
+    assert one == two
+    # 4 training clients: a fit each round, and one evaluate message each after the last round only.
+    assert two_messages == {"fit": 4 * ROUNDS, "evaluate": 4 * ROUNDS}
+    assert one_messages == {"fit": 4 * ROUNDS, "evaluate": 4}
+
+
+def test_held_out_clients_keep_their_evaluate_message_and_their_column(tmp_path):
+    """A newcomer never trains, so it has no fit to evaluate in: it is asked to evaluate every round."""
+    (two, _), (one, one_messages) = compare_protocols("oracle", tmp_path, **{"held-out-clients": 1})
+    assert one == two and all(row["heldout_accuracy"] != "nan" for row in one)
+    assert one_messages == {"fit": 4 * ROUNDS, "evaluate": 4 + 2 * ROUNDS}
+
+
+def test_the_setting_is_refused_in_one_line_when_it_is_not_a_boolean():
+    from fedcond.errors import FedcondError
+
+    with pytest.raises(FedcondError, match="evaluate-in-fit"):
+        run_config({"evaluate-in-fit": "sometimes"})
