@@ -53,9 +53,9 @@ WORKLOADS: dict[str, dict[str, object]] = {
     "clients-10": {"dataset": "mnist", "num-clusters": 5, "clients-per-cluster": 2, "data-fraction": 0.2,
                    "num-server-rounds": 5},
     "clients-100": {"dataset": "mnist", "num-clusters": 10, "clients-per-cluster": 10, "data-fraction": 1.0,
-                    "num-server-rounds": 2},
+                    "num-server-rounds": 3},
     "clients-1000": {"dataset": "mnist", "num-clusters": 10, "clients-per-cluster": 100, "data-fraction": 1.0,
-                     "num-server-rounds": 2},
+                     "num-server-rounds": 3},
     # The sparsity grids' largest federation (E1 K=2 x 100, MNIST), with the paper's method: flwr-run
     # (and floor) only, since the bare loop is FedAvg's.
     "sparsity-200": {"dataset": "mnist", "num-clusters": 2, "clients-per-cluster": 100, "data-fraction": 1.0,
@@ -182,15 +182,20 @@ class PartResult:
 
     @property
     def steady_round(self) -> float:
-        """Mean of rounds 2.. (round 1 alone when there is only one)."""
-        later = self.round_seconds[1:] or self.round_seconds
+        """Mean of rounds 2 to the one before the last (the last also sends the run's closing evaluate
+        messages under evaluate-in-fit): rounds 2.. with fewer than 3, round 1 alone with one."""
+        rounds = self.round_seconds
+        later = rounds[1:-1] if len(rounds) >= 3 else (rounds[1:] or rounds)
         return float(np.mean(later)) if later else float("nan")
 
 
-def split_outside(whole: float, round_seconds: list[float], first_end: float, last_end: float) -> tuple[float, float]:
-    """Start-up (command start to round 1's start) and shut-down (last round's end to exit), from the
-    times round 1 and the last round ended as seen by this process and their durations."""
-    return max(first_end - round_seconds[0], 0.0), max(whole - last_end, 0.0)
+def split_outside(whole: float, round_seconds: list[float], last_end: float) -> tuple[float, float]:
+    """Start-up (command start to round 1's start) and shut-down (last round's end to exit). Shut-down
+    is from the time the last round's line arrived; start-up is the rest of the time outside the
+    rounds (a round's line can arrive a round late: evaluate-in-fit writes round r's row when round
+    r+1's fit replies bring its evaluations, so round 1's line does not say when round 1 ended)."""
+    shutdown = max(whole - last_end, 0.0)
+    return max(whole - sum(round_seconds) - shutdown, 0.0), shutdown
 
 
 def part_result(
@@ -205,9 +210,7 @@ def part_result(
     """A part's numbers from its command's measurement, its rounds' durations and the times (seen
     by this process) at which each round's line arrived."""
     complete = bool(round_seconds) and len(round_ends) == len(round_seconds)
-    startup, shutdown = (
-        split_outside(measured.seconds, round_seconds, round_ends[0], round_ends[-1]) if complete else (0.0, 0.0)
-    )
+    startup, shutdown = split_outside(measured.seconds, round_seconds, round_ends[-1]) if complete else (0.0, 0.0)
     note = "" if complete else "rounds missing; last lines: " + " | ".join(line for _, line in measured.lines[-5:])
     memory = (measured.peak_rss_bytes, measured.peak_pss_bytes)
     return PartResult(part, workload, clients, len(round_seconds), measured.seconds, round_seconds, startup, shutdown,
@@ -348,7 +351,8 @@ num-server-rounds = 2
 num-supernodes-hint = 2
 """
 FLOOR_APP = '''\
-"""The smallest federated app: a one-number model, FedAvg, every client fits and evaluates each round."""
+"""The smallest federated app: a one-number model, FedAvg, one message per client per round (a fit whose
+reply would carry the evaluation, as fedcond's evaluate-in-fit does)."""
 
 import time
 
@@ -372,15 +376,16 @@ class TimedFedAvg(FedAvg):
         self.round_start = time.perf_counter()
         return super().configure_fit(server_round, parameters, client_manager)
 
-    def aggregate_evaluate(self, server_round, results, failures):
+    def aggregate_fit(self, server_round, results, failures):
+        aggregated = super().aggregate_fit(server_round, results, failures)
         print(f"round {server_round}/x seconds {time.perf_counter() - self.round_start:.4f}", flush=True)
-        return super().aggregate_evaluate(server_round, results, failures)
+        return aggregated
 
 
 def server_fn(context):
     clients = int(context.run_config.get("num-supernodes-hint", 2))
-    strategy = TimedFedAvg(fraction_fit=1.0, fraction_evaluate=1.0, min_available_clients=clients,
-                           min_fit_clients=clients, min_evaluate_clients=clients,
+    strategy = TimedFedAvg(fraction_fit=1.0, fraction_evaluate=0.0, min_available_clients=clients,
+                           min_fit_clients=clients, min_evaluate_clients=0,
                            initial_parameters=ndarrays_to_parameters([np.zeros(1)]))
     rounds = int(context.run_config["num-server-rounds"])
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
@@ -488,7 +493,8 @@ def table(results: list[PartResult]) -> str:
         lines.append(f"{label:34}{cells}{extra}")
 
     row("whole command (s)", lambda r: r.whole_seconds)
-    row("per round, rounds 2.. (s)", lambda r: r.steady_round, "{:.2f}")
+    row("per round, rounds 2..n-1 (s)", lambda r: r.steady_round, "{:.2f}")
+    row("last round (s)", lambda r: r.round_seconds[-1] if r.round_seconds else float("nan"), "{:.2f}")
     row("round 1 (s)", lambda r: r.round_seconds[0] if r.round_seconds else float("nan"), "{:.2f}")
     row("round 1 - round 2 (s)", lambda r: (r.round_seconds[0] - r.round_seconds[1]) if len(r.round_seconds) > 1
         else float("nan"), "{:.2f}", compare=False)  # fmt: skip
@@ -500,7 +506,7 @@ def table(results: list[PartResult]) -> str:
     row("final accuracy", lambda r: r.final_accuracy if r.final_accuracy is not None else float("nan"), "{:.4f}",
         compare=False)  # fmt: skip
     if bare:
-        messages = 2 * bare.num_clients  # a fit and an evaluate per client per round
+        messages = bare.num_clients  # one message per client per round (evaluate-in-fit)
         for part in parts:
             if part == "bare":
                 continue
