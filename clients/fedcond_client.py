@@ -151,7 +151,8 @@ class FedcondClient(NumPyClient):
 
     def evaluate_model(self, model: ConditionalCNN, round_config: dict[str, object]) -> Evaluated:
         """``model`` on this client's test set, reported as Flower's evaluate expects."""
-        result = evaluate(model, self.data.test_x, self.data.test_y, self.condition(round_config))
+        condition = self.condition(round_config)
+        result = evaluate(model, self.data.test_x, self.data.test_y, condition, self.train_settings.channels_last)
         return result.loss, result.num_samples, {ACCURACY: result.accuracy}
 
     def condition(self, round_config: dict[str, object]) -> np.ndarray | None:

@@ -34,7 +34,9 @@ class IfcaClient(FedcondClient):
         losses = []
         for candidate in candidates:
             set_weights(self.model, candidate)
-            losses.append(evaluate(self.model, self.data.train_x, self.data.train_y, self.condition(round_config)).loss)
+            fit = evaluate(self.model, self.data.train_x, self.data.train_y, self.condition(round_config),
+                           self.train_settings.channels_last)  # fmt: skip
+            losses.append(fit.loss)
         return lowest_loss_choice(losses)
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:

@@ -70,6 +70,12 @@ class RunConfig:
     batch_size: int = setting(0, "training", "0 = the dataset's default")
     learning_rate: float = setting(0.01, "training", "local SGD's step, as in the paper; positive and finite")
     momentum: float = setting(0.9, "training", "local SGD's momentum, as in the paper; in [0, 1)")
+    channels_last: bool = setting(
+        False,
+        "training",
+        "train and evaluate the CNN in the channels-last memory format (CIFAR on CPU: 904 against 665 images/s); "
+        "every method alike; not bit-identical to the default layout",
+    )
     fingerprint_dim: int = setting(
         32,
         "fingerprint",

@@ -189,7 +189,8 @@ def _train_and_record(
         evaluations = {True: [], False: []}
         for client in clients:
             condition = conditions[client.partition_id] if conditions is not None else None
-            result = evaluate(model_of[client.partition_id], client.test_x, client.test_y, condition)
+            model = model_of[client.partition_id]
+            result = evaluate(model, client.test_x, client.test_y, condition, settings.channels_last)
             held_out = client.partition_id >= config.num_training_clients
             evaluations[held_out].append(
                 ClientEvaluation(client.cluster, result.num_samples, result.loss, result.accuracy)

@@ -32,11 +32,24 @@ class TrainSettings:
     batch_size: int
     learning_rate: float
     momentum: float
+    channels_last: bool = False
 
     @classmethod
     def of(cls, config: RunConfig) -> TrainSettings:
         """A run's local training settings (``config`` resolved: dataset defaults filled in)."""
-        return cls(config.local_epochs, config.batch_size, config.learning_rate, config.momentum)
+        return cls(config.local_epochs, config.batch_size, config.learning_rate, config.momentum, config.channels_last)
+
+
+def set_layout(model: nn.Module, channels_last: bool) -> None:
+    """The memory format of the model's convolution weights: channels-last or the default. Set both
+    ways on every use, so that a model reused within a process never keeps another run's layout
+    (the layout changes the kernels' rounding)."""
+    model.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def laid_out(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """A batch of images (N, C, H, W) in the layout ``set_layout`` gave the model."""
+    return images.contiguous(memory_format=torch.channels_last) if channels_last else images
 
 
 @dataclass(frozen=True)
@@ -218,6 +231,7 @@ def run_epochs(
     # One row is the client's own fingerprint for every sample; more rows are per sample (pooled data).
     per_sample = cond is not None and len(cond) > 1
     device = x.device
+    set_layout(model, settings.channels_last)
     model.train()
     criterion = nn.CrossEntropyLoss()
     epoch_loss = math.nan
@@ -228,7 +242,7 @@ def run_epochs(
             batch = order[start : start + settings.batch_size]
             optimiser.zero_grad()
             batch_cond = cond[batch] if per_sample else cond
-            loss = criterion(model(x[batch], batch_cond), y[batch])
+            loss = criterion(model(laid_out(x[batch], settings.channels_last), batch_cond), y[batch])
             if proximal is not None:
                 loss = loss + proximal.penalty(model)
             if not torch.isfinite(loss):
@@ -280,6 +294,7 @@ def train_private(
     per_sample_gradient_layers()  # registers fedcond's own layers with Opacus
     device = pick_device()
     model.to(device).train()  # before Opacus checks the model (a reused model may come from evaluation)
+    set_layout(model, settings.channels_last)
     if proximal is not None:
         proximal.anchor.to(device)
     x, y, cond = _tensor(images, device), _tensor(labels, device), _condition_tensor(condition, device)
@@ -330,7 +345,7 @@ def _private_epochs(
         total, seen = 0.0, 0
         for batch_x, batch_y in loader:
             optimiser.zero_grad()
-            logits = model(batch_x, cond)
+            logits = model(laid_out(batch_x, settings.channels_last), cond)
             # Poisson sampling can draw an empty batch: its step still adds the noise the accountant counts.
             loss = criterion(logits, batch_y) if len(batch_y) else logits.sum() * 0.0
             if not torch.isfinite(loss):
@@ -354,15 +369,23 @@ def _private_epochs(
 # no_grad, not inference_mode: a model moved to CUDA inside inference_mode gets inference tensors as
 # parameters, and a model reused across messages (clients/fedcond_client.py) could then never train again.
 @torch.no_grad()
-def evaluate(model: nn.Module, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None) -> EvalResult:
-    """Mean cross-entropy and accuracy on ``images``; never changes the model."""
+def evaluate(
+    model: nn.Module,
+    images: np.ndarray,
+    labels: np.ndarray,
+    condition: np.ndarray | None,
+    channels_last: bool = False,
+) -> EvalResult:
+    """Mean cross-entropy and accuracy on ``images``; never changes the model's parameters (only, with
+    ``set_layout``, their memory format: the run's ``channels-last``)."""
     reuse_freed_buffers()
     device = pick_device()
     model.to(device).eval()
+    set_layout(model, channels_last)
     cond = _condition_tensor(condition, device)
     total_loss, correct = 0.0, 0
     for start in range(0, len(images), EVAL_BATCH):
-        x = _tensor(images[start : start + EVAL_BATCH], device)
+        x = laid_out(_tensor(images[start : start + EVAL_BATCH], device), channels_last)
         y = _tensor(labels[start : start + EVAL_BATCH], device)
         logits = model(x, cond)
         total_loss += nn.functional.cross_entropy(logits, y, reduction="sum").item()

@@ -69,3 +69,13 @@ def test_the_setting_is_refused_in_one_line_when_it_is_not_a_boolean():
 
     with pytest.raises(FedcondError, match="evaluate-in-fit"):
         run_config({"evaluate-in-fit": "sometimes"})
+
+
+def test_channels_last_reaches_every_clients_training_and_evaluation(tmp_path, monkeypatch):
+    import fedcond.training as training
+
+    layouts = []
+    real = training.laid_out
+    monkeypatch.setattr(training, "laid_out", lambda images, flag: layouts.append(flag) or real(images, flag))
+    run_in_process(config_for("ditto", tmp_path, True, **{"channels-last": True, "num-server-rounds": 1}))
+    assert layouts and all(layouts)  # Ditto: both models' training, and the evaluation

@@ -76,3 +76,30 @@ def test_nan_loss_stops_with_the_fix():
     model = build_model((1, 8, 8), 2, 0, seed=0)
     with pytest.raises(FedcondError, match="lower learning-rate"):
         train(model, images * 1e30, labels, None, TrainSettings(3, 16, 1e6, 0.9), seed=0)
+
+
+def conv_weight(model: torch.nn.Module) -> torch.Tensor:
+    return next(parameter for parameter in model.parameters() if parameter.dim() == 4)
+
+
+def test_channels_last_trains_and_evaluates_in_that_layout_and_a_reused_model_goes_back():
+    """channels-last (CIFAR-shaped images): the convolutions run in that layout, the numbers agree
+    with the default layout's to rounding, and a model reused by a default-layout run is put back."""
+    rng = np.random.default_rng(0)
+    images, labels = rng.random((48, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 48)
+    plain, last = (TrainSettings(1, 16, 0.05, 0.9, channels_last=flag) for flag in (False, True))
+    default_model, channels_last_model = (
+        build_model((3, 32, 32), 10, 0, seed=0),
+        build_model((3, 32, 32), 10, 0, seed=0),
+    )
+    loss = train(default_model, images, labels, None, plain, seed=1)
+    loss_last = train(channels_last_model, images, labels, None, last, seed=1)
+    weight = conv_weight(channels_last_model)
+    assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+    assert loss_last == pytest.approx(loss, rel=1e-4)
+    for a, b in zip(get_weights(default_model), get_weights(channels_last_model), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-3)  # rounding, not another model
+    evaluated = evaluate(channels_last_model, images, labels, None, channels_last=True)
+    assert evaluated.loss == pytest.approx(evaluate(default_model, images, labels, None).loss, rel=1e-4)
+    evaluate(channels_last_model, images, labels, None)  # a default-layout run reusing the model
+    assert conv_weight(channels_last_model).is_contiguous()
