@@ -56,6 +56,7 @@ from strategies.round_tracking import (
     answered_replies,
     parameters_bytes,
 )
+from strategies.sampling import CLIENTS_PER_ROUND, EVALUATE_EVERY, evaluates_everyone, sample_partitions
 from strategies.secagg_workflow import SecureSum, run_secure_sum, workflow_for
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
@@ -131,7 +132,8 @@ def initial_weights(inputs: StrategyInputs, seed: int | None = None) -> Model:
 
 
 class FedcondStrategy(Strategy):
-    """Every client trains and evaluates in every round; the history records each round.
+    """Each round's training clients (every one, or ``clients-per-round`` of them:
+    ``strategies.sampling``) train and are evaluated; the history records each round.
 
     Subclasses say which parameters each client receives (``fit_parameters``,
     ``evaluate_parameters``) and how returned models are combined (``combine``); a client is its
@@ -176,7 +178,7 @@ class FedcondStrategy(Strategy):
     options: ClassVar[tuple[Option, ...]] = ()
     #: Settings of the round protocol every strategy shares (failure policy, time limits).
     protocol_options: ClassVar[tuple[Option, ...]] = (
-        NODE_TIMEOUT, MIN_ANSWERED_FRACTION, ROUND_TIMEOUT, EVALUATE_IN_FIT,
+        NODE_TIMEOUT, MIN_ANSWERED_FRACTION, ROUND_TIMEOUT, EVALUATE_IN_FIT, CLIENTS_PER_ROUND, EVALUATE_EVERY,
     )  # fmt: skip
     #: Why this strategy's server cannot work from the sum of the returned models alone, as
     #: ``check_run`` words its refusal of secure-aggregation (None: it can, see ``combine_sum``).
@@ -202,6 +204,8 @@ class FedcondStrategy(Strategy):
         self._stream_lock = threading.Lock()
         # SecAgg+ hands the server no fit reply, only the sum: an evaluation cannot ride in one.
         self.evaluates_in_fit = EVALUATE_IN_FIT.of(config) and not self.secure.model_updates
+        #: This round's training clients (``strategies.sampling``).
+        self.sampled: list[int] = list(self.training_partitions)
         #: The last round whose record was closed (``end_round``).
         self.closed_round = 0
 
@@ -373,10 +377,14 @@ class FedcondStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         self.tracker.start_round()
-        # Every client is asked each round (held-out ones to evaluate only), whatever it did before.
-        self.participation = RoundParticipation(server_round, range(self.inputs.config.num_clients))
+        # The round's sample of training clients (every one without clients-per-round), whatever each
+        # did before; held-out clients evaluate only, and every client when the round evaluates all.
+        config = self.inputs.config
+        self.sampled = sample_partitions(config.seed, server_round, self.training_partitions,
+                                         CLIENTS_PER_ROUND.of(config))  # fmt: skip
+        self.participation = RoundParticipation(server_round, self.asked_in(server_round))
         instructions = self.instruct(
-            FIT, FitIns, self.fit_parameters, self.training_partitions, server_round, parameters, client_manager
+            FIT, FitIns, self.fit_parameters, self.sampled, server_round, parameters, client_manager
         )
         self.fit_stream = None
         if self.fold_fit_replies:
@@ -433,14 +441,32 @@ class FedcondStrategy(Strategy):
         # With evaluate-in-fit the training clients evaluate this round's model in the next round's
         # fit: here only the held-out clients (who never train), and everyone after the last round.
         config = self.inputs.config
-        asked = range(config.num_training_clients if self.defers_evaluation(server_round) else 0, config.num_clients)
+        asked = [*self.evaluated_in(server_round), *range(config.num_training_clients, config.num_clients)]
         return self.instruct(
             EVALUATE, EvaluateIns, self.evaluate_parameters, asked, server_round, parameters, client_manager
         )
 
     def defers_evaluation(self, server_round: int) -> bool:
-        """Whether the training clients evaluate round ``server_round``'s model in the next round's fit."""
-        return self.evaluates_in_fit and server_round < self.inputs.config.num_server_rounds
+        """Whether the training clients evaluate round ``server_round``'s model in the next round's fit
+        (those the next round samples), rather than by evaluate messages after this round."""
+        return self.evaluates_in_fit and not (
+            server_round >= self.inputs.config.num_server_rounds
+            or (CLIENTS_PER_ROUND.of(self.inputs.config) and evaluates_everyone(self.inputs.config, server_round))
+        )
+
+    def evaluated_in(self, server_round: int) -> list[int]:
+        """The training clients that evaluate round ``server_round``'s model by an evaluate message."""
+        if self.defers_evaluation(server_round):
+            return []
+        if evaluates_everyone(self.inputs.config, server_round):
+            return list(self.training_partitions)
+        return self.sampled
+
+    def asked_in(self, server_round: int) -> list[int]:
+        """Every client a round asks anything: its sample, the evaluating clients, the held-out ones."""
+        config = self.inputs.config
+        held_out = range(config.num_training_clients, config.num_clients)
+        return sorted({*self.sampled, *self.evaluated_in(server_round), *held_out})
 
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures

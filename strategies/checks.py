@@ -15,6 +15,7 @@ from fedcond.errors import FedcondError
 from fedcond.scenarios import scenario_for, validate_without_data
 from strategies import client_dp
 from strategies.registry import Method, get_method, held_out_methods
+from strategies.sampling import check_sampling
 
 
 def check_run(config: RunConfig, load_data: bool = False) -> Method:
@@ -35,6 +36,7 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"(compare: --methods {','.join(supported)})"
         )
     check_privacy(config, method)
+    check_sampling(config)
     if resume_folder(config) is not None:
         check_resume(config)
     if load_data:

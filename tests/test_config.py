@@ -22,7 +22,7 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
     # the round protocol's.
     assert keys == {
         "ditto-lambda", "ditto-personal-epochs", "dac-neighbours", "min-answered-fraction", "round-timeout", "resume",
-        "node-timeout", "evaluate-in-fit",
+        "node-timeout", "evaluate-in-fit", "clients-per-round", "evaluate-every",
         "dp-noise-multiplier", "dp-max-grad-norm", "dp-delta", "fingerprint-epsilon",
         "client-dp", "client-dp-noise-multiplier", "client-dp-clipping-norm",
         "secure-aggregation", "secagg-num-shares", "secagg-reconstruction-threshold", "secagg-clipping-range",

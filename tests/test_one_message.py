@@ -79,3 +79,55 @@ def test_channels_last_reaches_every_clients_training_and_evaluation(tmp_path, m
     monkeypatch.setattr(training, "laid_out", lambda images, flag: layouts.append(flag) or real(images, flag))
     run_in_process(config_for("ditto", tmp_path, True, **{"channels-last": True, "num-server-rounds": 1}))
     assert layouts and all(layouts)  # Ditto: both models' training, and the evaluation
+
+
+# -- client sampling (clients-per-round) -------------------------------------------------------------
+def sampled_run(method: str, folder: Path, **settings: object):
+    """2 of the 4 training clients a round, every client evaluating every second round and the last."""
+    config = config_for(method, folder, True, **{"clients-per-round": 2, "evaluate-every": 2, **settings})
+    return run_in_process(config)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_with_a_sample_of_clients_and_twice_gives_the_same_history(method, tmp_path):
+    first, first_messages = sampled_run(method, tmp_path / "first")
+    second, second_messages = sampled_run(method, tmp_path / "second")
+    rows = [{k: v for k, v in row.items() if k not in PROTOCOL_COLUMNS} for row in history(first.folder)]
+    assert rows == [{k: v for k, v in row.items() if k not in PROTOCOL_COLUMNS} for row in history(second.folder)]
+    assert [row["round"] for row in rows] == ["1", "2", "3"]
+    assert all(row["accuracy"] != "nan" and row["train_loss"] != "nan" for row in rows)
+    # 2 fits a round; everyone evaluates after round 2 and 3 (evaluate-every=2, and the last round).
+    assert first_messages == second_messages == {"fit": 2 * ROUNDS, "evaluate": 4 + 4}
+    # Round 1's model was scored by round 2's sample (2 asked), round 2's by every client.
+    assert [row["clients_asked"] for row in rows] == ["2", "4", "4"]
+
+
+def test_the_sample_is_the_seed_and_the_round_alone_as_a_resumed_run_needs():
+    from strategies.sampling import sample_partitions
+
+    rounds = [sample_partitions(0, server_round, range(100), 10) for server_round in range(1, 6)]
+    assert rounds == [sample_partitions(0, server_round, range(100), 10) for server_round in range(1, 6)]
+    assert all(len(chosen) == 10 == len(set(chosen)) and chosen == sorted(chosen) for chosen in rounds)
+    assert len({tuple(chosen) for chosen in rounds}) == 5  # a new sample every round
+    assert sample_partitions(1, 1, range(100), 10) != rounds[0]  # and every seed
+    assert sample_partitions(0, 1, range(100), 0) == list(range(100))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"clients-per-round": 5}, "clients-per-round=5 is more than the 4 training clients"),
+        ({"clients-per-round": -1}, "clients-per-round must be at least 0"),
+        ({"clients-per-round": 2, "evaluate-every": 0}, "evaluate-every must be at least 1"),
+        ({"evaluate-every": 2}, "evaluate-every applies with clients-per-round"),
+        ({"clients-per-round": 2, "secure-aggregation": "secaggplus"}, "clients-per-round with secure-aggregation"),
+        ({"clients-per-round": 2, "client-dp": "server-side", "client-dp-noise-multiplier": 0.1},
+         "clients-per-round with client-dp"),
+    ],
+)  # fmt: skip
+def test_bad_sampling_settings_are_refused_in_one_line_before_anything_starts(settings, message):
+    from fedcond.errors import FedcondError
+    from strategies.checks import check_run
+
+    with pytest.raises(FedcondError, match=message.replace("(", r"\(")):
+        check_run(run_config({"method": "fedavg", "num-clusters": 2, "clients-per-cluster": 2, **settings}))

@@ -1,0 +1,80 @@
+"""Client sampling: which training clients a round asks, and which rounds evaluate every client.
+
+The sample of round r is drawn by a generator seeded with (run seed, r) over partition ids, never
+over Flower's node ids (new in every run) or with an unseeded generator (Flower's
+``ClientManager.sample`` uses ``random.sample`` over node ids): two runs with one seed ask the same
+clients in every round, and a resumed run asks in its round r what the uninterrupted run asked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcond.config import Option, RunConfig
+from fedcond.errors import FedcondError
+
+CLIENTS_PER_ROUND = Option(
+    "clients-per-round",
+    0,
+    "training clients asked each round, drawn anew every round (seeded by seed and round); 0 = every one",
+    minimum=0,
+)
+EVALUATE_EVERY = Option(
+    "evaluate-every",
+    1,
+    "with clients-per-round: every this many rounds (and after the last) every training client evaluates; in "
+    "between, a round's model is scored by the clients sampled to evaluate it",
+    minimum=1,
+)
+#: Keeps the sample's generator apart from every other generator seeded by (seed, round).
+SAMPLING_STREAM = 0x5A3D1E
+
+
+def sample_partitions(seed: int, server_round: int, partitions: range, count: int) -> list[int]:
+    """``count`` of ``partitions`` for round ``server_round`` (all of them when ``count`` is 0), sorted."""
+    if count == 0 or count >= len(partitions):
+        return list(partitions)
+    rng = np.random.default_rng([seed, server_round, SAMPLING_STREAM])
+    chosen = rng.choice(len(partitions), size=count, replace=False)
+    return sorted(partitions[index] for index in chosen)
+
+
+def samples(config: RunConfig) -> bool:
+    return 0 < CLIENTS_PER_ROUND.of(config) < config.num_training_clients
+
+
+def evaluates_everyone(config: RunConfig, server_round: int) -> bool:
+    """Whether every training client evaluates round ``server_round``'s model."""
+    last = server_round >= config.num_server_rounds
+    return not samples(config) or last or server_round % EVALUATE_EVERY.of(config) == 0
+
+
+def check_sampling(config: RunConfig) -> None:
+    """Sampling against the federation and the privacy settings, in one line each."""
+    per_round = CLIENTS_PER_ROUND.of(config)
+    if per_round > config.num_training_clients:
+        raise FedcondError(
+            f"clients-per-round={per_round} is more than the {config.num_training_clients} training clients "
+            f"(num-clusters x clients-per-cluster); give at most {config.num_training_clients}, or 0 for all"
+        )
+    if not samples(config):
+        if EVALUATE_EVERY.of(config) != 1:
+            raise FedcondError(
+                "evaluate-every applies with clients-per-round (every client evaluates every round without it); "
+                "set clients-per-round or leave evaluate-every at 1"
+            )
+        return
+    # Imported here: strategies.client_dp builds on strategies.base, which reads this module's settings.
+    from fedcond.secagg_settings import SecureAggregation
+    from strategies.client_dp import client_dp_mode
+
+    if SecureAggregation.of(config).model_updates:
+        raise FedcondError(
+            "clients-per-round with secure-aggregation=secaggplus: fedcond does not yet set SecAgg+'s shares and "
+            "threshold over each round's sample; use clients-per-round=0 or secure-aggregation=none"
+        )
+    if client_dp_mode(config) != "off":
+        raise FedcondError(
+            "clients-per-round with client-dp: the client-level accountant would need the sampling rate, which "
+            "fedcond does not yet pass it; use clients-per-round=0 or client-dp=off"
+        )
