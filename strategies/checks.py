@@ -36,7 +36,8 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"(compare: --methods {','.join(supported)})"
         )
     check_privacy(config, method)
-    check_sampling(config)
+    secure_model_updates = secagg_settings.SecureAggregation.of(config).model_updates
+    check_sampling(config, secure_model_updates, client_dp.client_dp_mode(config) != "off")
     if resume_folder(config) is not None:
         check_resume(config)
     if load_data:

@@ -49,8 +49,9 @@ def evaluates_everyone(config: RunConfig, server_round: int) -> bool:
     return not samples(config) or last or server_round % EVALUATE_EVERY.of(config) == 0
 
 
-def check_sampling(config: RunConfig) -> None:
-    """Sampling against the federation and the privacy settings, in one line each."""
+def check_sampling(config: RunConfig, secure_model_updates: bool, client_level_dp: bool) -> None:
+    """Sampling against the federation and the privacy settings (``strategies.checks`` says which are
+    on), in one line each."""
     per_round = CLIENTS_PER_ROUND.of(config)
     if per_round > config.num_training_clients:
         raise FedcondError(
@@ -64,16 +65,12 @@ def check_sampling(config: RunConfig) -> None:
                 "set clients-per-round or leave evaluate-every at 1"
             )
         return
-    # Imported here: strategies.client_dp builds on strategies.base, which reads this module's settings.
-    from fedcond.secagg_settings import SecureAggregation
-    from strategies.client_dp import client_dp_mode
-
-    if SecureAggregation.of(config).model_updates:
+    if secure_model_updates:
         raise FedcondError(
             "clients-per-round with secure-aggregation=secaggplus: fedcond does not yet set SecAgg+'s shares and "
             "threshold over each round's sample; use clients-per-round=0 or secure-aggregation=none"
         )
-    if client_dp_mode(config) != "off":
+    if client_level_dp:
         raise FedcondError(
             "clients-per-round with client-dp: the client-level accountant would need the sampling rate, which "
             "fedcond does not yet pass it; use clients-per-round=0 or client-dp=off"
