@@ -78,7 +78,8 @@ def save_checkpoint(folder: Path, checkpoint: Checkpoint) -> int:
         "round": checkpoint.round,
         "history": [dataclasses.asdict(record) for record in checkpoint.history],
         "models": {
-            name: [torch.from_numpy(np.ascontiguousarray(array)) for array in model]
+            # np.require keeps a 0-d array 0-d (BatchNorm's num_batches_tracked); ascontiguousarray made it (1,).
+            name: [torch.from_numpy(np.require(array, requirements="C")) for array in model]
             for name, model in checkpoint.models.items()
         },
         "values": checkpoint.values,

@@ -390,3 +390,17 @@ def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp
     info = json.loads((folder / "run.json").read_text())
     assert info["status"] == "finished" and info["resumed"][0]["previous_status"] == "finished"
     assert (folder / "flower-resume-1.log").is_file()
+
+
+def test_a_checkpoint_keeps_every_array_of_a_batchnorm_model_with_its_shape(tmp_path):
+    """CIFAR's CNN has BatchNorm, whose num_batches_tracked is a 0-d array: a checkpoint that stored it
+    as shape (1,) could not be loaded back into the model (a pooled CIFAR run failed to resume so)."""
+    from fedcond.models import build_model, get_weights, set_weights
+
+    model = build_model((3, 32, 32), 10, 0, seed=0)
+    weights = get_weights(model)
+    assert any(array.ndim == 0 for array in weights)  # the case at stake
+    save_checkpoint(tmp_path, Checkpoint(1, [], {"global": weights}))
+    loaded = load_checkpoint(tmp_path).models["global"]  # type: ignore[union-attr]
+    assert [array.shape for array in loaded] == [array.shape for array in weights]
+    set_weights(build_model((3, 32, 32), 10, 0, seed=1), loaded)  # refused a (1,) array before
