@@ -113,6 +113,28 @@ def test_rerun_skips_finished_runs_and_redoes_interrupted_ones(tmp_path):
     assert sorted((c.method, c.seed) for c in third.calls) == [("conditional", 2), ("fedavg", 2)]
 
 
+@pytest.mark.parametrize(("planned", "skipped"), [({}, True), ({"channels-last": True}, False)])
+def test_a_run_finished_before_a_setting_existed_counts_as_run_at_its_default(tmp_path, planned, skipped):
+    """A sweep resumed after an upgrade that added settings (channels-last, clients-per-round, ...)
+    keeps the runs that ran at what are now those settings' defaults, and refuses to mix in a
+    finished run where the plan asks for another value."""
+    run_experiment(small_experiment(), default_config(), tmp_path, FakeRunner(), io.StringIO())
+    for info_path in (tmp_path / "runs").glob("*/run.json"):  # as a run recorded before they existed
+        info = json.loads(info_path.read_text())
+        for key in ("channels-last", "clients-per-round", "evaluate-every", "evaluate-in-fit", "hidden-units"):
+            del info["config"][key]
+        info_path.write_text(json.dumps(info))
+    later = small_experiment()
+    later.settings.update(planned)
+    again = FakeRunner()
+    if skipped:
+        run_experiment(later, default_config(), tmp_path, again, io.StringIO())
+        assert again.calls == []
+    else:
+        with pytest.raises(FedcondError, match="changed: channels-last"):
+            run_experiment(later, default_config(), tmp_path, again, io.StringIO())
+
+
 def test_a_different_design_in_the_same_folder_is_refused(tmp_path):
     run_experiment(small_experiment(), default_config(), tmp_path, FakeRunner(), io.StringIO())
     changed = small_experiment()

@@ -258,6 +258,27 @@ def comparable_config(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in mapping.items() if key not in PLACEMENT_KEYS}
 
 
+def with_later_settings(recorded: Mapping[str, Any], planned: RunConfig) -> dict[str, Any]:
+    """A finished run's recorded settings, with each setting added to fedcond after it ran at the
+    value its default resolves to for that run: a run made before, say, ``channels-last`` existed
+    ran in the default layout. A run planned with another value still differs from it."""
+    from strategies.registry import run_config
+
+    missing = [key for key in planned.to_mapping() if key not in recorded]
+    if not missing:
+        return dict(recorded)
+    declared = default_config_values()
+    at_defaults = run_config({**planned.to_mapping(), **{key: declared[key] for key in missing if key in declared}})
+    resolved = at_defaults.resolved().to_mapping()
+    return {**{key: resolved[key] for key in missing if key in resolved}, **recorded}
+
+
+def default_config_values() -> dict[str, Any]:
+    from fedcond.tools.flwr_commands import default_config
+
+    return default_config()
+
+
 def prepare_folder(run: PlannedRun, runs_dir: Path, stream: TextIO) -> PlannedRun | None:
     """What this run's folder asks for: None when it holds a finished run of exactly these settings
     (nothing to do); else the run to do.
@@ -279,7 +300,7 @@ def prepare_folder(run: PlannedRun, runs_dir: Path, stream: TextIO) -> PlannedRu
         return run
     status = run_status(folder)
     if status == "finished":
-        recorded = json.loads((folder / "run.json").read_text())["config"]
+        recorded = with_later_settings(json.loads((folder / "run.json").read_text())["config"], run.config)
         wanted = comparable_config(run.config.resolved().to_mapping())
         differing = sorted(key for key, value in wanted.items() if recorded.get(key) != value)
         if differing:
