@@ -36,8 +36,10 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"(compare: --methods {','.join(supported)})"
         )
     check_privacy(config, method)
-    secure_model_updates = secagg_settings.SecureAggregation.of(config).model_updates
-    check_sampling(config, secure_model_updates, client_dp.client_dp_mode(config) != "off")
+    secure = secagg_settings.SecureAggregation.of(config)
+    check_sampling(
+        config, secure.min_clients if secure.model_updates else None, client_dp.client_dp_mode(config) != "off"
+    )
     if resume_folder(config) is not None:
         check_resume(config)
     if load_data:

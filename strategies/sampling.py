@@ -49,9 +49,10 @@ def evaluates_everyone(config: RunConfig, server_round: int) -> bool:
     return not samples(config) or last or server_round % EVALUATE_EVERY.of(config) == 0
 
 
-def check_sampling(config: RunConfig, secure_model_updates: bool, client_level_dp: bool) -> None:
+def check_sampling(config: RunConfig, secure_min_clients: int | None, client_level_dp: bool) -> None:
     """Sampling against the federation and the privacy settings (``strategies.checks`` says which are
-    on), in one line each."""
+    on: ``secure_min_clients`` is ``secagg-min-clients`` when SecAgg+ sums each round's updates), in
+    one line each. SecAgg+'s shares and threshold are fractions, so they apply to each round's sample."""
     per_round = CLIENTS_PER_ROUND.of(config)
     if per_round > config.num_training_clients:
         raise FedcondError(
@@ -65,10 +66,11 @@ def check_sampling(config: RunConfig, secure_model_updates: bool, client_level_d
                 "set clients-per-round or leave evaluate-every at 1"
             )
         return
-    if secure_model_updates:
+    if secure_min_clients is not None and secure_min_clients > per_round:
         raise FedcondError(
-            "clients-per-round with secure-aggregation=secaggplus: fedcond does not yet set SecAgg+'s shares and "
-            "threshold over each round's sample; use clients-per-round=0 or secure-aggregation=none"
+            f"each round's updates are summed securely over at least secagg-min-clients={secure_min_clients} "
+            f"clients, but clients-per-round={per_round} asks fewer; raise clients-per-round or lower "
+            "secagg-min-clients"
         )
     if client_level_dp:
         raise FedcondError(

@@ -229,3 +229,18 @@ def test_under_secaggplus_a_client_dropping_mid_protocol_is_a_failure_the_round_
     )
     assert all(math.isfinite(float(row["train_loss"])) and int(row["bytes_up"]) > 0 for row in rows)
     assert info["privacy"]["secure_aggregation"]["protocol"].startswith("SecAgg+")
+
+
+@pytest.mark.slow
+def test_under_secaggplus_each_rounds_sum_runs_over_its_sample_of_clients(tmp_path):
+    config = run_config({
+        "method": "fedavg", "secure-aggregation": "secaggplus", "num-clusters": 2, "clients-per-cluster": 2,
+        "clients-per-round": 3, "evaluate-every": 2, "num-server-rounds": 2, "local-epochs": 1,
+        "results-dir": str(tmp_path / "r"), "verbose": False,
+    })  # fmt: skip
+    simulate(config, quiet=True)
+    rows, info = read_history(tmp_path / "r")
+    assert info["status"] == "finished" and not info["failures"]
+    # Round 1: its 3 sampled clients train in the sum and evaluate; round 2 (the last): every client evaluates.
+    assert [row["clients_asked"] for row in rows] == ["3", "4"]
+    assert all(math.isfinite(float(row["accuracy"])) and math.isfinite(float(row["train_loss"])) for row in rows)
