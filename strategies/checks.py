@@ -37,9 +37,7 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
         )
     check_privacy(config, method)
     secure = secagg_settings.SecureAggregation.of(config)
-    check_sampling(
-        config, secure.min_clients if secure.model_updates else None, client_dp.client_dp_mode(config) != "off"
-    )
+    check_sampling(config, secure.min_clients if secure.model_updates else None)
     if resume_folder(config) is not None:
         check_resume(config)
     if load_data:

@@ -43,6 +43,7 @@ from fedcond.secagg_settings import SecureAggregation
 from strategies.base import FedcondStrategy
 from strategies.fedavg import FedcondFedAvg
 from strategies.round_tracking import Failures, answered_replies
+from strategies.sampling import CLIENTS_PER_ROUND
 from strategies.secagg_workflow import SecureSum
 
 CLIENT_DP_MODES = ("off", "server-side", "client-side")
@@ -153,8 +154,13 @@ def with_client_dp(strategy: FedcondStrategy, config: RunConfig) -> Strategy:
     wrapper = ServerSideClientDp if mode == "server-side" else ClientSideClientDp
     return wrapper(
         strategy, CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config),
-        config.num_training_clients,
+        clients_per_round(config),
     )  # fmt: skip
+
+
+def clients_per_round(config: RunConfig) -> int:
+    """The clients each round's noisy average is over: the round's sample, or every training client."""
+    return CLIENTS_PER_ROUND.of(config) or config.num_training_clients
 
 
 def describe(config: RunConfig) -> dict[str, object] | None:
@@ -163,8 +169,11 @@ def describe(config: RunConfig) -> dict[str, object] | None:
     if mode == "off":
         return None
     noise, clip = CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config)
-    clients, delta = config.num_training_clients, DP_DELTA.of(config)
-    by_round = [gaussian_rounds_epsilon(noise, rounds, delta) for rounds in range(1, config.num_server_rounds + 1)]
+    clients, delta = clients_per_round(config), DP_DELTA.of(config)
+    sample_rate = clients / config.num_training_clients
+    by_round = [
+        gaussian_rounds_epsilon(noise, rounds, delta, sample_rate) for rounds in range(1, config.num_server_rounds + 1)
+    ]
     flower_wrapper = (ServerSideClientDp if mode == "server-side" else ClientSideClientDp).__bases__[1]
     return {
         "unit": "one client (all its samples, every round)",
@@ -173,6 +182,7 @@ def describe(config: RunConfig) -> dict[str, object] | None:
         "noise_multiplier": noise,
         "clipping_norm": clip,
         "clients_per_round": clients,
+        "client_sampling_rate": sample_rate,
         "noise_std_on_the_average": compute_stdv(noise, clip, clients),
         "averaging": "unweighted (each client's clipped update counts 1 / clients)",
         "delta": delta,

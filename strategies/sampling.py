@@ -49,7 +49,7 @@ def evaluates_everyone(config: RunConfig, server_round: int) -> bool:
     return not samples(config) or last or server_round % EVALUATE_EVERY.of(config) == 0
 
 
-def check_sampling(config: RunConfig, secure_min_clients: int | None, client_level_dp: bool) -> None:
+def check_sampling(config: RunConfig, secure_min_clients: int | None) -> None:
     """Sampling against the federation and the privacy settings (``strategies.checks`` says which are
     on: ``secure_min_clients`` is ``secagg-min-clients`` when SecAgg+ sums each round's updates), in
     one line each. SecAgg+'s shares and threshold are fractions, so they apply to each round's sample."""
@@ -71,9 +71,4 @@ def check_sampling(config: RunConfig, secure_min_clients: int | None, client_lev
             f"each round's updates are summed securely over at least secagg-min-clients={secure_min_clients} "
             f"clients, but clients-per-round={per_round} asks fewer; raise clients-per-round or lower "
             "secagg-min-clients"
-        )
-    if client_level_dp:
-        raise FedcondError(
-            "clients-per-round with client-dp: the client-level accountant would need the sampling rate, which "
-            "fedcond does not yet pass it; use clients-per-round=0 or client-dp=off"
         )

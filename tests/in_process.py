@@ -3,7 +3,8 @@
 reached through in-process proxies that count the messages they carry.
 
 A second or so per small run: for tests that compare protocols method by method. It has no grid,
-so no SecAgg+ (a conditioned method here normalises without the federated statistics).
+so no SecAgg+ (a conditioned method here normalises without the federated statistics), and no
+client mods (client-level DP only with server-side clipping).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from clients.app import build_client
 from fedcond.config import RunConfig
 from fedcond.history import RunRecorder, open_run
 from fedcond.scenarios import scenario_for
+from strategies import client_dp
 from strategies.base import StrategyInputs
 from strategies.registry import federated, get_method
 from strategies.round_loop import CheckpointingServer
@@ -72,7 +74,7 @@ def run_in_process(config: RunConfig) -> tuple[RunRecorder, Counter[str]]:
         StrategyInputs(config, scenario.num_classes, method.conditioned, recorder, None, scenario)
     )
     messages: Counter[str] = Counter()
-    server = CheckpointingServer(strategy, recorder)
+    server = CheckpointingServer(strategy, recorder, 0, client_dp.with_client_dp(strategy, config))
     server.set_max_workers(1)
     for partition in range(config.num_clients):
         server.client_manager().register(InProcessNode(config, partition, messages))

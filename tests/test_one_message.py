@@ -122,8 +122,6 @@ def test_the_sample_is_the_seed_and_the_round_alone_as_a_resumed_run_needs():
         ({"evaluate-every": 2}, "evaluate-every applies with clients-per-round"),
         ({"clients-per-round": 2, "secure-aggregation": "secaggplus", "secagg-min-clients": 3},
          "secagg-min-clients=3 clients, but clients-per-round=2 asks fewer"),
-        ({"clients-per-round": 2, "client-dp": "server-side", "client-dp-noise-multiplier": 0.1},
-         "clients-per-round with client-dp"),
     ],
 )  # fmt: skip
 def test_bad_sampling_settings_are_refused_in_one_line_before_anything_starts(settings, message):
@@ -132,3 +130,18 @@ def test_bad_sampling_settings_are_refused_in_one_line_before_anything_starts(se
 
     with pytest.raises(FedcondError, match=message.replace("(", r"\(")):
         check_run(run_config({"method": "fedavg", "num-clusters": 2, "clients-per-cluster": 2, **settings}))
+
+
+def test_client_level_dp_adds_its_noise_over_the_sample_and_accounts_for_the_sampling_rate(tmp_path):
+    from strategies.client_dp import describe
+
+    dp = {"client-dp": "server-side", "client-dp-noise-multiplier": 1.0, "min-answered-fraction": 1.0}
+    recorder, messages = sampled_run("fedavg", tmp_path, **dp)
+    assert messages["fit"] == 2 * ROUNDS and all(row["accuracy"] != "nan" for row in history(recorder.folder))
+    everyone = describe(config_for("fedavg", tmp_path, True, **dp))
+    sampled = describe(config_for("fedavg", tmp_path, True, **{**dp, "clients-per-round": 2}))
+    assert (sampled["clients_per_round"], sampled["client_sampling_rate"]) == (2, 0.5)
+    assert everyone["client_sampling_rate"] == 1.0
+    # Half the clients a round: twice the noise on their average, and a smaller epsilon for the same rounds.
+    assert sampled["noise_std_on_the_average"] == pytest.approx(2 * everyone["noise_std_on_the_average"])
+    assert all(s < e for s, e in zip(sampled["epsilon_by_round"], everyone["epsilon_by_round"], strict=True))
