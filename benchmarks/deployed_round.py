@@ -47,7 +47,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from overhead import FLOOR_APP, FLOOR_PYPROJECT  # noqa: E402
+from overhead import FLOOR_APP, FLOOR_PYPROJECT, steady_rounds  # noqa: E402
 
 from fedcond.client_data import export_partitions  # noqa: E402
 from fedcond.config import RunConfig  # noqa: E402
@@ -303,9 +303,7 @@ def deployed_rounds(
             print(f"   {name:8s} run {repeat}: rounds " + ", ".join(f"{s:.1f}" for s in rounds)
                   + f" s; whole flwr run {wall:.1f} s, {cpu:.1f} CPU s in the deployment's processes; {load()}",
                   flush=True)  # fmt: skip
-    # Rounds 2 to the one before the last: the last also sends the closing evaluate messages (evaluate-in-fit).
-    later = {name: [s for run in runs for s in (run[1:-1] if len(run) >= 3 else run[1:])]
-             for name, runs in seconds.items()}  # fmt: skip
+    later = {name: [s for run in runs for s in steady_rounds(run)] for name, runs in seconds.items()}
     if all(later.values()):
         floor_mean, fedcond_mean = statistics.mean(later["floor"]), statistics.mean(later["fedcond"])
         print(f"   rounds 2..n-1: floor {floor_mean:.1f} s, fedcond {fedcond_mean:.1f} s per round; "

@@ -192,11 +192,15 @@ class PartResult:
 
     @property
     def steady_round(self) -> float:
-        """Mean of rounds 2 to the one before the last (the last also sends the run's closing evaluate
-        messages under evaluate-in-fit): rounds 2.. with fewer than 3, round 1 alone with one."""
-        rounds = self.round_seconds
-        later = rounds[1:-1] if len(rounds) >= 3 else (rounds[1:] or rounds)
+        """Mean of the steady rounds (``steady_rounds``)."""
+        later = steady_rounds(self.round_seconds)
         return float(np.mean(later)) if later else float("nan")
+
+
+def steady_rounds(rounds: list[float]) -> list[float]:
+    """Rounds 2 to the one before the last (round 1 holds one-off work; the last also sends the run's
+    closing evaluate messages under evaluate-in-fit): rounds 2.. with fewer than 3, round 1 with one."""
+    return rounds[1:-1] if len(rounds) >= 3 else (rounds[1:] or rounds)
 
 
 def split_outside(whole: float, round_seconds: list[float], last_end: float) -> tuple[float, float]:

@@ -56,7 +56,14 @@ from strategies.round_tracking import (
     answered_replies,
     parameters_bytes,
 )
-from strategies.sampling import CLIENTS_PER_ROUND, EVALUATE_EVERY, evaluates_everyone, sample_partitions
+from strategies.sampling import (
+    CLIENTS_PER_ROUND,
+    EVALUATE_EVERY,
+    clients_per_round,
+    evaluates_everyone,
+    sample_partitions,
+    scheduled_for_everyone,
+)
 from strategies.secagg_workflow import SecureSum, run_secure_sum, workflow_for
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
@@ -381,7 +388,7 @@ class FedcondStrategy(Strategy):
         # did before; held-out clients evaluate only, and every client when the round evaluates all.
         config = self.inputs.config
         self.sampled = sample_partitions(config.seed, server_round, self.training_partitions,
-                                         CLIENTS_PER_ROUND.of(config))  # fmt: skip
+                                         clients_per_round(config))  # fmt: skip
         self.participation = RoundParticipation(server_round, self.asked_in(server_round))
         instructions = self.instruct(
             FIT, FitIns, self.fit_parameters, self.sampled, server_round, parameters, client_manager
@@ -449,10 +456,7 @@ class FedcondStrategy(Strategy):
     def defers_evaluation(self, server_round: int) -> bool:
         """Whether the training clients evaluate round ``server_round``'s model in the next round's fit
         (those the next round samples), rather than by evaluate messages after this round."""
-        return self.evaluates_in_fit and not (
-            server_round >= self.inputs.config.num_server_rounds
-            or (CLIENTS_PER_ROUND.of(self.inputs.config) and evaluates_everyone(self.inputs.config, server_round))
-        )
+        return self.evaluates_in_fit and not scheduled_for_everyone(self.inputs.config, server_round)
 
     def evaluated_in(self, server_round: int) -> list[int]:
         """The training clients that evaluate round ``server_round``'s model by an evaluate message."""

@@ -43,7 +43,7 @@ from fedcond.secagg_settings import SecureAggregation
 from strategies.base import FedcondStrategy
 from strategies.fedavg import FedcondFedAvg
 from strategies.round_tracking import Failures, answered_replies
-from strategies.sampling import CLIENTS_PER_ROUND
+from strategies.sampling import clients_per_round
 from strategies.secagg_workflow import SecureSum
 
 CLIENT_DP_MODES = ("off", "server-side", "client-side")
@@ -156,11 +156,6 @@ def with_client_dp(strategy: FedcondStrategy, config: RunConfig) -> Strategy:
         strategy, CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config),
         clients_per_round(config),
     )  # fmt: skip
-
-
-def clients_per_round(config: RunConfig) -> int:
-    """The clients each round's noisy average is over: the round's sample, or every training client."""
-    return CLIENTS_PER_ROUND.of(config) or config.num_training_clients
 
 
 def describe(config: RunConfig) -> dict[str, object] | None:

@@ -39,14 +39,25 @@ def sample_partitions(seed: int, server_round: int, partitions: range, count: in
     return sorted(partitions[index] for index in chosen)
 
 
+def clients_per_round(config: RunConfig) -> int:
+    """The training clients each round asks: its sample, or every one."""
+    return CLIENTS_PER_ROUND.of(config) or config.num_training_clients
+
+
 def samples(config: RunConfig) -> bool:
-    return 0 < CLIENTS_PER_ROUND.of(config) < config.num_training_clients
+    return clients_per_round(config) < config.num_training_clients
+
+
+def scheduled_for_everyone(config: RunConfig, server_round: int) -> bool:
+    """Whether every training client is asked to evaluate round ``server_round``'s model after it,
+    whatever the protocol: after the last round, and every ``evaluate-every`` rounds of a sample."""
+    last = server_round >= config.num_server_rounds
+    return last or (samples(config) and server_round % EVALUATE_EVERY.of(config) == 0)
 
 
 def evaluates_everyone(config: RunConfig, server_round: int) -> bool:
     """Whether every training client evaluates round ``server_round``'s model."""
-    last = server_round >= config.num_server_rounds
-    return not samples(config) or last or server_round % EVALUATE_EVERY.of(config) == 0
+    return not samples(config) or scheduled_for_everyone(config, server_round)
 
 
 def check_sampling(config: RunConfig, secure_min_clients: int | None) -> None:

@@ -145,3 +145,8 @@ def test_client_level_dp_adds_its_noise_over_the_sample_and_accounts_for_the_sam
     # Half the clients a round: twice the noise on their average, and a smaller epsilon for the same rounds.
     assert sampled["noise_std_on_the_average"] == pytest.approx(2 * everyone["noise_std_on_the_average"])
     assert all(s < e for s, e in zip(sampled["epsilon_by_round"], everyone["epsilon_by_round"], strict=True))
+
+
+def test_a_sample_of_every_client_is_no_sample_and_keeps_one_message_a_round(tmp_path):
+    _, messages = run_in_process(config_for("fedavg", tmp_path, True, **{"clients-per-round": 4}))
+    assert messages == {"fit": 4 * ROUNDS, "evaluate": 4}

@@ -151,14 +151,14 @@ def run(
 
 def superlink_line(folder: Path, flwr_home: Path, stop: bool) -> str:
     """Record the local SuperLink that served the run in its folder, stop it if asked, and say which."""
-    pid = local_superlink.record(folder, flwr_home)
-    if pid is None:
+    process = local_superlink.record(folder, flwr_home)
+    if process is None:
         return "fedcond: Flower's local SuperLink is not running"
     if stop:
-        local_superlink.stop(flwr_home)
-        return f"fedcond: stopped Flower's local SuperLink (PID {pid}), as --stop-superlink asked"
-    return (f"fedcond: Flower's local SuperLink (PID {pid}, {local_superlink.RECORD_FILE}) stays up so the next run "
-            "starts sooner; fedcond stop-superlink ends that one alone")  # fmt: skip
+        local_superlink.terminate(process)
+        return f"fedcond: stopped Flower's local SuperLink (PID {process.pid}), as --stop-superlink asked"
+    return (f"fedcond: Flower's local SuperLink (PID {process.pid}, {local_superlink.RECORD_FILE}) stays up so the "
+            "next run starts sooner; fedcond stop-superlink ends that one alone")  # fmt: skip
 
 
 def stop_superlink() -> int:

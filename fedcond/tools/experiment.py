@@ -262,21 +262,16 @@ def with_later_settings(recorded: Mapping[str, Any], planned: RunConfig) -> dict
     """A finished run's recorded settings, with each setting added to fedcond after it ran at the
     value its default resolves to for that run: a run made before, say, ``channels-last`` existed
     ran in the default layout. A run planned with another value still differs from it."""
+    from fedcond.tools.flwr_commands import default_config
     from strategies.registry import run_config
 
     missing = [key for key in planned.to_mapping() if key not in recorded]
     if not missing:
         return dict(recorded)
-    declared = default_config_values()
+    declared = default_config()
     at_defaults = run_config({**planned.to_mapping(), **{key: declared[key] for key in missing if key in declared}})
     resolved = at_defaults.resolved().to_mapping()
     return {**{key: resolved[key] for key in missing if key in resolved}, **recorded}
-
-
-def default_config_values() -> dict[str, Any]:
-    from fedcond.tools.flwr_commands import default_config
-
-    return default_config()
 
 
 def prepare_folder(run: PlannedRun, runs_dir: Path, stream: TextIO) -> PlannedRun | None:

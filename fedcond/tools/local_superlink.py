@@ -46,25 +46,28 @@ def find(home: Path) -> psutil.Process | None:
     return None
 
 
-def record(folder: Path, home: Path) -> int | None:
+def record(folder: Path, home: Path) -> psutil.Process | None:
     """Write which local SuperLink served the run in ``folder`` (``RECORD_FILE``, when the run made its
-    folder); its PID, or None when none is running."""
+    folder); that SuperLink, or None when none is running."""
     process = find(home)
-    if process is None:
-        return None
-    if folder.is_dir():
+    if process is not None and folder.is_dir():
         entry = {"pid": process.pid, "flwr_home": str(home), "log": str(log_file(home)),
                  "stop": "fedcond stop-superlink"}  # fmt: skip
         (folder / RECORD_FILE).write_text(json.dumps(entry, indent=2) + "\n")
-    return process.pid
+    return process
 
 
 def stop(home: Path) -> int | None:
-    """End the local SuperLink of ``home`` and what it started (SIGTERM, then SIGKILL after
-    ``STOP_GRACE``); the PID it had, or None when none was running."""
+    """End the local SuperLink of ``home`` (``terminate``); the PID it had, or None when none was running."""
     process = find(home)
     if process is None:
         return None
+    terminate(process)
+    return process.pid
+
+
+def terminate(process: psutil.Process) -> None:
+    """End ``process`` and what it started: SIGTERM, then SIGKILL after ``STOP_GRACE``."""
     family = [process, *process.children(recursive=True)]
     for member in family:
         try:
@@ -78,4 +81,3 @@ def stop(home: Path) -> int | None:
         except psutil.NoSuchProcess:
             continue
     psutil.wait_procs(left, timeout=5)
-    return process.pid
