@@ -46,6 +46,8 @@ import psutil
 # The checkout (the benchmark needs fedcond installed, as `make` does; run it with the venv's python).
 ROOT = Path(__file__).resolve().parents[1]
 
+#: A workload's client-state-dir placeholder: replaced by a folder inside --out.
+CLIENT_STATE_HERE = "<out>/client-state"
 #: name -> run-config settings (all E1, label shift, FedAvg) and the number of rounds.
 WORKLOADS: dict[str, dict[str, object]] = {
     "quick": {"dataset": "digits", "num-clusters": 2, "clients-per-cluster": 2, "data-fraction": 1.0,
@@ -56,20 +58,26 @@ WORKLOADS: dict[str, dict[str, object]] = {
                     "num-server-rounds": 3},
     "clients-1000": {"dataset": "mnist", "num-clusters": 10, "clients-per-cluster": 100, "data-fraction": 1.0,
                      "num-server-rounds": 3},
+    # The same federation, 100 clients a round: the bare loop trains the same sample and scores each
+    # round's model on the clients fedcond scores it with (the next round's sample; everyone at the end).
+    "sampled-1000": {"dataset": "mnist", "num-clusters": 10, "clients-per-cluster": 100, "data-fraction": 1.0,
+                     "num-server-rounds": 5, "clients-per-round": 100, "evaluate-every": 5},
     # The sparsity grids' largest federation (E1 K=2 x 100, MNIST), with the paper's method: flwr-run
     # (and floor) only, since the bare loop is FedAvg's.
     "sparsity-200": {"dataset": "mnist", "num-clusters": 2, "clients-per-cluster": 100, "data-fraction": 1.0,
                      "num-server-rounds": 3, "method": "conditional"},
-    # 10,000 virtual clients, 100 a round (flwr-run only: the bare loop trains every client). E1 K=10 x
+    # 10,000 virtual clients, 100 a round (flwr-run only: the bare loop is FedAvg's). E1 K=10 x
     # 1,000 on Fashion-MNIST, whose test split has 1,000 images of each class, one per client (MNIST's
     # 980 zeros leave client 980 of that cluster none). The paper's method without the federated
     # statistics' set-up sum (four SecAgg+ messages per client, 40,000 before round 1): log-normalised.
     "sampled-10000-conditional": {"dataset": "fashion-mnist", "num-clusters": 10, "clients-per-cluster": 1000,
                                   "data-fraction": 1.0, "num-server-rounds": 5, "clients-per-round": 100,
                                   "evaluate-every": 5, "method": "conditional", "normalisation": "log"},
+    # Ditto's personal models go to files (client-state-dir: a folder of the benchmark's own, set in
+    # run_framework), not to the context.state Flower's simulation holds for every virtual node.
     "sampled-10000-ditto": {"dataset": "fashion-mnist", "num-clusters": 10, "clients-per-cluster": 1000,
                             "data-fraction": 1.0, "num-server-rounds": 5, "clients-per-round": 100,
-                            "evaluate-every": 5, "method": "ditto"},
+                            "evaluate-every": 5, "method": "ditto", "client-state-dir": CLIENT_STATE_HERE},
 }  # fmt: skip
 #: What ``--workload all`` runs: the three federation sizes of the overhead table.
 ALL_WORKLOADS = ("clients-10", "clients-100", "clients-1000")
@@ -263,6 +271,7 @@ def bare_loop(settings: dict[str, object], threads: int) -> dict[str, object]:
     from fedcond.tools.flwr_commands import default_config
     from fedcond.training import TrainSettings, evaluate, train
     from strategies.registry import run_config
+    from strategies.sampling import CLIENTS_PER_ROUND, evaluates_everyone, sample_partitions
 
     torch.set_num_threads(threads)
     # The app's defaults under the workload's settings, exactly as `fedcond run` composes them.
@@ -273,20 +282,31 @@ def bare_loop(settings: dict[str, object], threads: int) -> dict[str, object]:
     global_weights = get_weights(model)
     train_settings = TrainSettings.of(config)
     rounds: list[dict[str, float]] = []
+    everyone = range(config.num_clients)
+
+    def sample(server_round: int) -> list[int]:  # fedcond's sample (strategies.sampling), or everyone
+        return sample_partitions(config.seed, server_round, everyone, CLIENTS_PER_ROUND.of(config))
+
     for server_round in range(1, config.num_server_rounds + 1):
         start = time.perf_counter()
+        trained = [clients[pid] for pid in sample(server_round)]
 
-        def updates(current: list[np.ndarray], server_round: int = server_round) -> Iterator[list[np.ndarray]]:
-            for data in clients:
+        def updates(
+            current: list[np.ndarray], server_round: int = server_round, trained: list = trained
+        ) -> Iterator[list[np.ndarray]]:
+            for data in trained:
                 set_weights(model, current)
                 seed = round_seed(config.seed, server_round, data.partition_id)
                 train(model, data.train_x, data.train_y, None, train_settings, seed)
                 yield get_weights(model)
 
-        global_weights = fedavg(updates(global_weights), [len(data.train_y) for data in clients])
+        global_weights = fedavg(updates(global_weights), [len(data.train_y) for data in trained])
         set_weights(model, global_weights)
-        correct = sum(evaluate(model, d.test_x, d.test_y, None).accuracy * len(d.test_y) for d in clients)
-        accuracy = correct / sum(len(d.test_y) for d in clients)
+        # The clients fedcond scores this round's model with: everyone, or the next round's sample.
+        scorers = everyone if evaluates_everyone(config, server_round) else sample(server_round + 1)
+        scored = [clients[pid] for pid in scorers]
+        correct = sum(evaluate(model, d.test_x, d.test_y, None).accuracy * len(d.test_y) for d in scored)
+        accuracy = correct / sum(len(d.test_y) for d in scored)
         rounds.append({"seconds": time.perf_counter() - start, "accuracy": accuracy})
         print(f"bare: round {server_round} {rounds[-1]['seconds']:.2f} s accuracy {accuracy:.4f}", flush=True)
     return {"rounds": rounds}
@@ -363,6 +383,7 @@ clientapp = "floor_app:client"
 [tool.flwr.app.config]
 num-server-rounds = 2
 num-supernodes-hint = 2
+clients-per-round-hint = 0
 """
 FLOOR_APP = '''\
 """The smallest federated app: a one-number model, FedAvg, one message per client per round (a fit whose
@@ -398,8 +419,9 @@ class TimedFedAvg(FedAvg):
 
 def server_fn(context):
     clients = int(context.run_config.get("num-supernodes-hint", 2))
-    strategy = TimedFedAvg(fraction_fit=1.0, fraction_evaluate=0.0, min_available_clients=clients,
-                           min_fit_clients=clients, min_evaluate_clients=0,
+    per_round = int(context.run_config.get("clients-per-round-hint", 0)) or clients  # Flower's own sampler
+    strategy = TimedFedAvg(fraction_fit=per_round / clients, fraction_evaluate=0.0, min_available_clients=clients,
+                           min_fit_clients=per_round, min_evaluate_clients=0,
                            initial_parameters=ndarrays_to_parameters([np.zeros(1)]))
     rounds = int(context.run_config["num-server-rounds"])
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
@@ -409,6 +431,11 @@ server = ServerApp(server_fn=server_fn)
 client = ClientApp(client_fn=lambda context: Floor().to_client())
 '''
 FLOOR_SECONDS = re.compile(r"round +\d+/x seconds ([0-9.]+)")
+
+
+def messages_per_round(settings: dict[str, object]) -> int:
+    """One message per client asked per round (evaluate-in-fit): the sample, or every client."""
+    return int(settings.get("clients-per-round", 0)) or num_clients(settings)
 
 
 def run_floor(workload: str, settings: dict[str, object], threads: int, out: Path) -> PartResult:
@@ -423,7 +450,8 @@ def run_floor(workload: str, settings: dict[str, object], threads: int, out: Pat
     environment = flower_home_environment(home, threads)
     marker = f"127.0.0.1:{environment['FLWR_LOCAL_CONTROL_API_PORT']}"
     command = [executable("flwr"), "run", str(app), "--stream",
-               "--run-config", to_run_config_string({"num-server-rounds": rounds, "num-supernodes-hint": clients}),
+               "--run-config", to_run_config_string({"num-server-rounds": rounds, "num-supernodes-hint": clients,
+                                                     "clients-per-round-hint": messages_per_round(settings)}),
                "--federation-config", f"num-supernodes={clients} client-resources-num-cpus=1"]  # fmt: skip
     try:
         measured = measure(command, environment, home, marker)
@@ -520,7 +548,7 @@ def table(results: list[PartResult]) -> str:
     row("final accuracy", lambda r: r.final_accuracy if r.final_accuracy is not None else float("nan"), "{:.4f}",
         compare=False)  # fmt: skip
     if bare:
-        messages = bare.num_clients  # one message per client per round (evaluate-in-fit)
+        messages = messages_per_round(WORKLOADS[bare.workload])
         for part in parts:
             if part == "bare":
                 continue
@@ -587,6 +615,8 @@ def benchmark(arguments: argparse.Namespace) -> int:
     results: list[PartResult] = []
     for name in names:
         settings = {**WORKLOADS[name]}
+        if settings.get("client-state-dir") == CLIENT_STATE_HERE:
+            settings["client-state-dir"] = str(out / "client-state")
         if arguments.data_dir:
             settings["data-dir"] = str(Path(arguments.data_dir).expanduser().resolve())
         print(f"== {name}: {num_clients(settings)} clients, {settings['num-server-rounds']} rounds, "

@@ -7,7 +7,9 @@ simulation Flower fills in the first two):
   so that its machine holds nothing but its own samples;
 - ``data-dir`` (optional): this machine's dataset folder, overriding the run config's ``data-dir``
   (used to compute the partition when there is no partition file, and to find a fingerprint
-  encoder's data).
+  encoder's data);
+- ``client-state-dir`` (optional): this machine's folder for the models its client keeps between
+  rounds (Ditto's personal model, Local's), overriding the run config's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from clients.secagg_mod import secure_aggregation_mod
 from fedcond.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.model_store import CLIENT_STATE_DIR
 from strategies.registry import client_run_config, federated, get_method
 
 
@@ -41,6 +44,8 @@ def build_client(context: Context, config: RunConfig) -> Client:
         )
     if "data-dir" in context.node_config:
         config = config.replace(data_dir=str(context.node_config["data-dir"]))
+    if CLIENT_STATE_DIR.key in context.node_config:
+        config = CLIENT_STATE_DIR.set(config, str(context.node_config[CLIENT_STATE_DIR.key]))
     method = get_method(config.method)
     client = method.client  # its own class alone: a ClientApp loads nothing of the server's strategies
     if client is None:

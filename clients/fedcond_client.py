@@ -36,6 +36,7 @@ from fedcond.messages import (
     STEP_IDENTITY,
     TRAIN_LOSS,
 )
+from fedcond.model_store import CLIENT_STATE_DIR, ClientModelFiles
 from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
 from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, evaluate, train, train_private
@@ -87,6 +88,10 @@ class FedcondClient(NumPyClient):
         self.run_config = run_config
         self.data = data
         self.state = context.state
+        # With client-state-dir, the models this client keeps go to its own files instead of
+        # context.state, which a simulation holds in memory for every virtual node.
+        state_dir = CLIENT_STATE_DIR.of(run_config)
+        self.model_files = ClientModelFiles(state_dir, context.run_id, data.partition_id) if state_dir else None
         self.model = self.working_model()
         self.train_settings = TrainSettings.of(run_config)
         self.privacy = SampleLevelPrivacy.of(run_config)
@@ -106,15 +111,25 @@ class FedcondClient(NumPyClient):
         return _reusable_model(self.run_config, self.data.num_classes, self.conditioned)
 
     def stored_model(self, key: str) -> ConditionalCNN | None:
-        """A model this client keeps between rounds in ``context.state`` (None before the first save)."""
-        if key not in self.state.array_records:
+        """A model this client keeps between rounds, in ``context.state`` or its ``client-state-dir``
+        files (None before the first save)."""
+        if self.model_files is not None:
+            weights = self.model_files.get(key)
+        elif key in self.state.array_records:
+            weights = self.state.array_records[key].to_numpy_ndarrays()
+        else:
+            weights = None
+        if weights is None:
             return None
         model = self.fresh_model()
-        set_weights(model, self.state.array_records[key].to_numpy_ndarrays())
+        set_weights(model, weights)
         return model
 
     def store_model(self, key: str, model: ConditionalCNN) -> None:
-        self.state.array_records[key] = ArrayRecord(numpy_ndarrays=get_weights(model))
+        if self.model_files is not None:
+            self.model_files.put(key, get_weights(model))
+        else:
+            self.state.array_records[key] = ArrayRecord(numpy_ndarrays=get_weights(model))
 
     def round_seed(self, round_config: dict[str, object]) -> int:
         """Batch-order seed of this client in this round: independent of scheduling, so reproducible."""

@@ -273,6 +273,9 @@ class FedcondStrategy(Strategy):
             "pending_round": dataclasses.asdict(pending) if pending is not None else None,
         }
 
+    def checkpoint_saved(self) -> None:
+        """Called once the checkpoint holding ``state`` is on disk: what an older one needed may go."""
+
     def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
         """Take back what ``state`` saved (called after ``on_start``, whose set-up it replaces)."""
         self.shared_config = dict(values["shared_config"])

@@ -16,6 +16,7 @@ from fedcond.aggregation import (
     top_k_neighbours,
 )
 from fedcond.config import Option
+from fedcond.model_store import CLIENT_MODELS_MEMORY_MB, SPILL_FOLDER, SpillingModels
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 from strategies.round_tracking import parameters_bytes
 
@@ -27,7 +28,13 @@ class PeerToPeer(FedcondStrategy):
     its own. After local training, ``mix`` lets the clients that answered exchange models; a client
     that did not answer is absent from the exchange and keeps its model. Only those peer exchanges
     are counted as communication (a real deployment would not route models through a server).
+
+    A real deployment keeps each model on its client; this server holds at most
+    ``client-models-memory-mb`` of them in memory and the rest in the run folder
+    (``fedcond.model_store.SpillingModels``), so that a federation of thousands of sampled clients fits.
     """
+
+    options = (CLIENT_MODELS_MEMORY_MB,)
 
     peer_to_peer = True
     secure_aggregation_refusal = (
@@ -38,13 +45,13 @@ class PeerToPeer(FedcondStrategy):
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs)
         #: Partition id -> that client's model.
-        self.models: dict[int, Model] = {}
-        self.model_bytes = 0
+        self.models = self.client_models(initial_weights(inputs))
+        self.model_bytes = parameters_bytes(ndarrays_to_parameters(self.models.initial))
 
-    def on_start(self) -> None:
-        start = initial_weights(self.inputs)
-        self.models = {partition: start for partition in self.training_partitions}
-        self.model_bytes = parameters_bytes(ndarrays_to_parameters(start))
+    def client_models(self, initial: Model) -> SpillingModels:
+        recorder = self.inputs.recorder
+        memory_bytes = int(CLIENT_MODELS_MEMORY_MB.of(self.inputs.config) * 2**20)
+        return SpillingModels(initial, recorder.folder / SPILL_FOLDER if recorder else None, memory_bytes)
 
     def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
         return ndarrays_to_parameters(self.models[partition_id])
@@ -59,19 +66,26 @@ class PeerToPeer(FedcondStrategy):
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         trained = [parameters_to_ndarrays(res.parameters) for _, res in results]
         mixed, transfers = self.mix(server_round, trained)
-        self.models.update({partition: model for (partition, _), model in zip(results, mixed, strict=True)})
+        self.models.update(
+            server_round, [(partition, model) for (partition, _), model in zip(results, mixed, strict=True)]
+        )
         self.tracker.peer_exchange(transfers * self.model_bytes)
         return None
 
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()
-        models.update({f"client-{pid}": model for pid, model in self.models.items()})
-        return models, values
+        held, files = self.models.checkpoint_state()
+        models.update({f"client-{pid}": model for pid, model in held.items()})
+        return models, {**values, **files}
+
+    def checkpoint_saved(self) -> None:
+        self.models.checkpoint_saved()
 
     def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
         super().load_state(models, values)
         prefix = "client-"
-        self.models = {int(name[len(prefix) :]): model for name, model in models.items() if name.startswith(prefix)}
+        held = {int(name[len(prefix) :]): model for name, model in models.items() if name.startswith(prefix)}
+        self.models.load(held, values)
 
 
 class GossipStrategy(PeerToPeer):
@@ -92,7 +106,7 @@ class DacStrategy(PeerToPeer):
     answered. Default k = 3.
     """
 
-    options = (NEIGHBOURS,)
+    options = (*PeerToPeer.options, NEIGHBOURS)
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
         neighbours = top_k_neighbours(cosine_similarities(models), NEIGHBOURS.of(self.inputs.config))

@@ -87,6 +87,7 @@ class CheckpointingServer(Server):
             models[GLOBAL_MODEL] = parameters_to_ndarrays(self.parameters)
         checkpoint = Checkpoint(number, list(self.recorder.records), models, values)
         self.checkpoint_bytes = save_checkpoint(self.recorder.folder, checkpoint)
+        self.fedcond_strategy.checkpoint_saved()
         self.checkpoint_seconds.append(time.perf_counter() - start)
 
     def checkpoint_cost(self) -> dict[str, Any]:

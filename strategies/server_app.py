@@ -24,6 +24,7 @@ from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder, error_line, failures_recorded, open_run, reopen_run
+from fedcond.model_store import CLIENT_STATE_DIR, remove_run_state
 from fedcond.scenarios import scenario_for
 from strategies import client_dp
 from strategies.base import StrategyInputs
@@ -74,7 +75,11 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         # Flower gives every fit and evaluate message round_timeout as its lifetime (TTL).
         rounds_left = config.num_server_rounds - rounds_before
         server_config = ServerConfig(num_rounds=rounds_left, round_timeout=message_timeout(config))
-        start_grid(grid=grid, server=server, config=server_config)
+        try:
+            start_grid(grid=grid, server=server, config=server_config)
+        finally:
+            # Clients' own models of this Flower run (client-state-dir): no later run reads them.
+            remove_run_state(CLIENT_STATE_DIR.of(config), grid.run.run_id)
         recorder.finish({"secure_sum_bytes": strategy.secure_sum_bytes, "checkpoint": server.checkpoint_cost()})
     return recorder
 

@@ -27,6 +27,7 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
         "client-dp", "client-dp-noise-multiplier", "client-dp-clipping-norm",
         "secure-aggregation", "secagg-num-shares", "secagg-reconstruction-threshold", "secagg-clipping-range",
         "secagg-quantization-range", "secagg-min-clients",
+        "client-state-dir", "client-models-memory-mb",  # per-client models outside memory (fedcond.model_store)
     }  # fmt: skip
     assert keys <= set(default_config())
     config = run_config({"method": "ditto", "ditto-lambda": 2})

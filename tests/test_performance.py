@@ -146,6 +146,26 @@ def test_the_bare_loop_averages_and_shuffles_as_the_framework_does():
     assert bench.round_seed(3, 4, 11) == client.round_seed({"server-round": 4})
 
 
+def test_the_sampled_bare_loop_trains_and_scores_the_clients_fedcond_does(tmp_path):
+    """The yardstick of the sampled target: each round's accuracy of the bare loop equals fedcond's
+    FedAvg under the same sample (trained clients, and the clients that score each round's model)."""
+    import csv
+
+    from fedcond.tools.flwr_commands import default_config
+    from strategies.registry import run_config
+    from tests.in_process import run_in_process
+
+    settings = {"dataset": "digits", "num-clusters": 2, "clients-per-cluster": 3, "num-server-rounds": 4,
+                "clients-per-round": 2, "evaluate-every": 2, "data-fraction": 1.0}  # fmt: skip
+    bare = benchmark_module().bare_loop(settings, threads=1)
+    config = run_config({**default_config(), **settings, "method": "fedavg", "results-dir": str(tmp_path),
+                         "verbose": False})  # fmt: skip
+    recorder, _ = run_in_process(config)
+    with (recorder.folder / "history.csv").open() as handle:
+        ours = [float(row["accuracy"]) for row in csv.DictReader(handle)]
+    assert [round(r["accuracy"], 6) for r in bare["rounds"]] == [round(a, 6) for a in ours]
+
+
 def test_the_benchmark_table_reports_ratios_and_per_message_overhead():
     bench = benchmark_module()
 

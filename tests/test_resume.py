@@ -89,13 +89,28 @@ RESUMED_METHODS = {
     # A model per client held on the server, saved by partition id and handed back to the resumed
     # run's new node ids: three clients, each averaging with one peer, so that every model differs.
     "dac": {"num-clusters": 3, "dac-neighbours": 1},
+    # The same with every client's model spilled to the run folder: the checkpoint names their files.
+    "dac-spilled": {"method": "dac", "num-clusters": 3, "dac-neighbours": 1, "client-models-memory-mb": 0},
 }
 
 
+def spilled_models(folder: Path) -> dict[str, list[np.ndarray]]:
+    """The client models a checkpoint names by file (fedcond.model_store.SpillingModels)."""
+    from fedcond.model_store import SPILL_FOLDER, SPILLED_VALUE
+
+    named = load_checkpoint(folder).values.get(SPILLED_VALUE, {})
+    loaded = {}
+    for pid, server_round in named.items():
+        with np.load(folder / SPILL_FOLDER / f"client-{pid}-round-{server_round}.npz") as stored:
+            loaded[pid] = [stored[name] for name in sorted(stored.files, key=lambda name: int(name[4:]))]
+    return loaded
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(RESUMED_METHODS))
-def test_a_run_killed_after_round_2_and_resumed_equals_the_uninterrupted_run(tmp_path, method):
-    settings = RESUMED_METHODS[method]
+@pytest.mark.parametrize("label", list(RESUMED_METHODS))
+def test_a_run_killed_after_round_2_and_resumed_equals_the_uninterrupted_run(tmp_path, label):
+    settings = dict(RESUMED_METHODS[label])
+    method = str(settings.pop("method", label))
     simulate(small(tmp_path, method, "straight", **settings))
     folder = tmp_path / "results" / "killed"
     stopped = kill_after_round(small(tmp_path, method, "killed", **settings), folder, 2, tmp_path)
@@ -107,6 +122,9 @@ def test_a_run_killed_after_round_2_and_resumed_equals_the_uninterrupted_run(tmp
 
     assert history(folder) == history(tmp_path / "results" / "straight")  # accuracies, losses, bytes
     assert_same_models(load_checkpoint(folder), load_checkpoint(tmp_path / "results" / "straight"))
+    spilled, straight = spilled_models(folder), spilled_models(tmp_path / "results" / "straight")
+    assert sorted(spilled) == sorted(straight) == (["0", "1", "2"] if "client-models-memory-mb" in settings else [])
+    assert all(np.array_equal(a, b) for pid in spilled for a, b in zip(spilled[pid], straight[pid], strict=True))
     info = json.loads((folder / "run.json").read_text())
     assert info["status"] == "finished" and info["rounds_completed"] == 4
     (resumed,) = info["resumed"]
