@@ -11,6 +11,7 @@ each instruction (the round number, the federation's fingerprint statistics, ...
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import ClassVar
@@ -24,6 +25,7 @@ from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import (
     ACCURACY,
+    ADAPTED_ACCURACY,
     EPSILON,
     ERROR,
     EVALUATE_FIRST,
@@ -38,6 +40,7 @@ from fedcond.messages import (
 )
 from fedcond.model_store import CLIENT_STATE_DIR, ClientModelFiles
 from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
+from fedcond.newcomers import NEWCOMER_STEPS, step_indices
 from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, evaluate, train, train_private
 
@@ -203,6 +206,8 @@ class FedcondClient(NumPyClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, object]) -> Evaluated:
         try:
+            if self.is_newcomer:
+                return self.evaluate_newcomer(parameters, config)
             return self.evaluate_round(parameters, config)
         except FedcondError as error:
             return 0.0, 0, {ERROR: str(error)}
@@ -249,3 +254,36 @@ class FedcondClient(NumPyClient):
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         set_weights(self.model, parameters)
         return self.evaluate_model(self.model, round_config)
+
+    # -- newcomers (held-out clients): the model a method serves a client that never trained -----------
+    @property
+    def is_newcomer(self) -> bool:
+        """A held-out client: partition ids after the training clients' (it never trains)."""
+        return self.data.partition_id >= self.run_config.num_training_clients
+
+    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> ConditionalCNN:
+        """The model this method serves a newcomer, from what the server sends it: that model as it is
+        (FedAvg's and Ditto's global model, Oracle's cluster model, Gossip's peer model; Conditional feeds
+        it the newcomer's fingerprint). A method with another rule overrides this (fedcond.newcomers)."""
+        set_weights(self.model, parameters)
+        return self.model
+
+    def evaluate_newcomer(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
+        """The served model scored untouched (zero-shot) and, with ``newcomer-steps``, a copy of it after
+        that many SGD steps on the newcomer's own training data (``ADAPTED_ACCURACY``)."""
+        served = self.newcomer_model(parameters, round_config)
+        loss, examples, metrics = self.evaluate_model(served, round_config)
+        steps = NEWCOMER_STEPS.of(self.run_config)
+        if steps:
+            metrics = {**metrics, ADAPTED_ACCURACY: self.adapted_accuracy(served, steps, round_config)}
+        return loss, examples, metrics
+
+    def adapted_accuracy(self, served: ConditionalCNN, steps: int, round_config: dict[str, object]) -> float:
+        adapted = self.fresh_model()
+        set_weights(adapted, get_weights(served))
+        seed = self.round_seed(round_config)
+        chosen = step_indices(len(self.data.train_y), steps, self.train_settings.batch_size, seed)
+        one_pass = dataclasses.replace(self.train_settings, epochs=1)
+        condition = self.condition(round_config)
+        train(adapted, self.data.train_x[chosen], self.data.train_y[chosen], condition, one_pass, seed)
+        return self.evaluate_model(adapted, round_config)[2][ACCURACY]  # type: ignore[return-value]

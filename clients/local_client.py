@@ -30,3 +30,6 @@ class LocalClient(FedcondClient):
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         return self.evaluate_model(self.own_model(), round_config)
+
+    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> ConditionalCNN:
+        return self.own_model()  # nobody else's: untrained until newcomer-steps train a copy

@@ -9,9 +9,13 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from fedcond.config import Option
 from fedcond.errors import FedcondError
 
 Model = list[np.ndarray]
+#: DAC's k: the peers each client averages with (strategies.peer) and a newcomer is served the
+#: average of (clients.dac_client).
+DAC_NEIGHBOURS = Option("dac-neighbours", 3, "DAC: how many most similar peers each client averages with", minimum=1)
 
 
 def weighted_average(models: Iterable[Model], weights: Sequence[float]) -> Model:

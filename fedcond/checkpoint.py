@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from fedcond import locks
-from fedcond.config import Option, RunConfig
+from fedcond.config import Option, RunConfig, canonical_record
 from fedcond.errors import FedcondError
 from fedcond.history import PATH_KEYS, RUN_LOCK, RoundRecord, results_base
 
@@ -159,6 +159,7 @@ def contradictions(config: RunConfig, recorded: Mapping[str, Any]) -> list[str]:
     resolved; a key it lacks (a setting newer than the run) is not compared.
     """
     wanted = config.resolved().to_mapping()
+    recorded = canonical_record(recorded)
     return [
         f"{key}={json.dumps(wanted[key])} (recorded {json.dumps(recorded[key])})"
         for key in sorted(wanted)

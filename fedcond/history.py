@@ -26,7 +26,11 @@ from fedcond.errors import FedcondError
 HISTORY_COLUMNS = (
     "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up", "ari",
     "heldout_accuracy", "epsilon", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out",
+    "worst_accuracy", "p10_accuracy", "accuracy_std",
+    "heldout_worst_accuracy", "heldout_p10_accuracy", "heldout_accuracy_std", "heldout_adapted_accuracy",
 )  # fmt: skip
+#: The fairness columns (fedcond.metrics.Spread), for the training clients and then the held-out ones.
+SPREAD_COLUMNS = HISTORY_COLUMNS[-7:-1]
 PACKAGES = ("fedcond", "flwr", "torch", "torchvision", "numpy", "scikit-learn", "ray")
 
 
@@ -55,6 +59,18 @@ class RoundRecord:
     clients_answered: int = 0
     clients_failed: int = 0
     clients_timed_out: int = 0
+    # Fairness over the clients that evaluated (fedcond.metrics.Spread): the worst client's accuracy,
+    # the 10th percentile and the standard deviation, each client counting once; NaN when none did.
+    worst_accuracy: float = float("nan")
+    p10_accuracy: float = float("nan")
+    accuracy_std: float = float("nan")
+    # The same over the held-out clients (newcomers).
+    heldout_worst_accuracy: float = float("nan")
+    heldout_p10_accuracy: float = float("nan")
+    heldout_accuracy_std: float = float("nan")
+    # The held-out clients' accuracy after newcomer-steps local steps on the model they were served
+    # (fedcond.newcomers), sample-weighted; NaN without newcomer-steps.
+    heldout_adapted_accuracy: float = float("nan")
 
     @staticmethod
     def columns(num_clusters: int) -> list[str]:

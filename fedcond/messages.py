@@ -33,6 +33,9 @@ EVALUATE_CHOICE = "evaluate-choice"
 EVALUATED_LOSS = "evaluated-loss"
 EVALUATED_ACCURACY = "evaluated-accuracy"
 EVALUATED_EXAMPLES = "evaluated-examples"
+#: In a held-out client's evaluate reply (newcomer-steps > 0): the accuracy of the model it was served
+#: after that many local steps on its own training data (fedcond.newcomers).
+ADAPTED_ACCURACY = "adapted-accuracy"
 
 FLOAT64 = "<f8"
 

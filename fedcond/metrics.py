@@ -7,6 +7,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class ClientEvaluation:
@@ -35,3 +37,30 @@ def summarise_evaluations(evaluations: list[ClientEvaluation]) -> tuple[float, f
     for e in evaluations:
         by_cluster[e.cluster].append((e.accuracy, e.num_samples))
     return accuracy, loss, {cluster: weighted_mean(pairs) for cluster, pairs in sorted(by_cluster.items())}
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How a round's accuracy is spread over its clients, each client counting once whatever its
+    test set's size: the clients a personalised method exists for are the ones a mean hides."""
+
+    worst: float
+    p10: float
+    std: float
+
+    @classmethod
+    def of(cls, evaluations: list[ClientEvaluation]) -> Spread:
+        """The worst client's accuracy, the 10th percentile (linear interpolation) and the standard
+        deviation over clients (NaN for no clients)."""
+        if not evaluations:
+            return cls(math.nan, math.nan, math.nan)
+        accuracies = np.array([e.accuracy for e in evaluations], dtype=np.float64)
+        return cls(float(accuracies.min()), float(np.percentile(accuracies, 10)), float(accuracies.std()))
+
+    def as_fields(self, prefix: str = "") -> dict[str, float]:
+        """As a round record's fields (``fedcond.history.RoundRecord``): ``heldout_`` for the newcomers'."""
+        return {
+            f"{prefix}worst_accuracy": self.worst,
+            f"{prefix}p10_accuracy": self.p10,
+            f"{prefix}accuracy_std": self.std,
+        }

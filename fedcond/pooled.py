@@ -51,7 +51,7 @@ from fedcond.client_data import ClientData, client_fingerprint, load_client_data
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import RoundRecord, RunRecorder, failures_recorded, open_run, reopen_run
-from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
+from fedcond.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
 from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
 from fedcond.scenarios import scenario_for
 from fedcond.training import MomentumSGD, TrainSettings, evaluate, new_optimiser, pick_device, run_epochs
@@ -212,6 +212,8 @@ def _train_and_record(
             # In-process: every client's data is trained on and every client evaluates, none can fail.
             clients_asked=len(clients),
             clients_answered=len(clients),
+            **Spread.of(evaluations[False]).as_fields(),
+            **Spread.of(evaluations[True]).as_fields("heldout_"),
         )
         recorder.add(record)
         save_start = time.perf_counter()

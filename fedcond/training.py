@@ -37,7 +37,9 @@ class TrainSettings:
     @classmethod
     def of(cls, config: RunConfig) -> TrainSettings:
         """A run's local training settings (``config`` resolved: dataset defaults filled in)."""
-        return cls(config.local_epochs, config.batch_size, config.learning_rate, config.momentum, config.channels_last)
+        return cls(
+            config.local_epochs, config.batch_size, config.learning_rate, config.momentum, config.uses_channels_last
+        )
 
 
 def set_layout(model: nn.Module, channels_last: bool) -> None:

@@ -12,6 +12,7 @@ from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import check_resume, resume_folder
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.scenarios import scenario_for, validate_without_data
 from strategies import client_dp
 from strategies.registry import Method, get_method, held_out_methods
@@ -35,6 +36,7 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"own there); set held-out-clients=0 or use one of {', '.join(supported)} "
             f"(compare: --methods {','.join(supported)})"
         )
+    check_newcomers(config, method)
     check_privacy(config, method)
     secure = secagg_settings.SecureAggregation.of(config)
     check_sampling(config, secure.min_clients if secure.model_updates else None)
@@ -44,6 +46,21 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
         scenario_for(config)
     check_secure_aggregation(config, method)  # after the data: too many clients for the data says so first
     return method
+
+
+def check_newcomers(config: RunConfig, method: Method) -> None:
+    """``newcomer-steps`` fine-tunes what held-out clients are served (fedcond.newcomers), in one line."""
+    steps = NEWCOMER_STEPS.of(config)
+    if steps and not config.held_out_clients:
+        raise FedcondError(
+            f"newcomer-steps={steps} fine-tunes what held-out clients are served, and this run has none; "
+            "set held-out-clients=1 (or more), or newcomer-steps=0"
+        )
+    if steps and method.protocol == "pooled":
+        raise FedcondError(
+            f"newcomer-steps applies to federated methods' newcomers; {method.name} trains centrally on pooled "
+            "data: set newcomer-steps=0"
+        )
 
 
 def check_secure_aggregation(config: RunConfig, method: Method) -> None:

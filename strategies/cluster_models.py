@@ -99,6 +99,7 @@ class IfcaStrategy(ClusterModels):
     client) is recorded every round.
     """
 
+    serves_held_out_clients = True  # a newcomer receives all K and takes its lowest-loss one
     secure_aggregation_refusal = (
         "IFCA's server groups the returned models by each client's choice, and a sum per choice would tell it "
         "every client's choice (its estimated cluster) and need each choice in the clear"

@@ -11,3 +11,4 @@ class LocalStrategy(FedcondStrategy):
     """
 
     secure_aggregation_refusal = "no model leaves a client, so there is nothing to aggregate"
+    serves_held_out_clients = True  # a newcomer has a model of its own: untrained (newcomer-steps train it)

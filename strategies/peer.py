@@ -8,6 +8,7 @@ import numpy as np
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fedcond.aggregation import (
+    DAC_NEIGHBOURS,
     Model,
     cosine_similarities,
     gossip_average,
@@ -15,12 +16,12 @@ from fedcond.aggregation import (
     random_pairs,
     top_k_neighbours,
 )
-from fedcond.config import Option
 from fedcond.model_store import CLIENT_MODELS_MEMORY_MB, SPILL_FOLDER, SpillingModels
+from fedcond.newcomers import random_peer
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 from strategies.round_tracking import parameters_bytes
 
-NEIGHBOURS = Option("dac-neighbours", 3, "DAC: how many most similar peers each client averages with", minimum=1)
+NEIGHBOURS = DAC_NEIGHBOURS
 
 
 class PeerToPeer(FedcondStrategy):
@@ -35,6 +36,7 @@ class PeerToPeer(FedcondStrategy):
     """
 
     options = (CLIENT_MODELS_MEMORY_MB,)
+    serves_held_out_clients = True
 
     peer_to_peer = True
     secure_aggregation_refusal = (
@@ -56,7 +58,14 @@ class PeerToPeer(FedcondStrategy):
     def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
         return ndarrays_to_parameters(self.models[partition_id])
 
-    evaluate_parameters = fit_parameters
+    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        if partition_id < self.inputs.config.num_training_clients:
+            return self.fit_parameters(partition_id, current)
+        return self.newcomer_parameters(partition_id)
+
+    def newcomer_parameters(self, partition_id: int) -> Parameters:
+        """What a newcomer (a held-out client, which has no model here) receives: its method's rule."""
+        raise NotImplementedError
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
         """The models after this round's exchanges between the clients that answered (in partition
@@ -94,6 +103,12 @@ class GossipStrategy(PeerToPeer):
     averages its two models. Pairing is seeded by (seed, round): same seed and same clients, same pairs.
     """
 
+    def newcomer_parameters(self, partition_id: int) -> Parameters:
+        """A newcomer gossips too: it is served one training client's model, drawn anew each round."""
+        config = self.inputs.config
+        peer = random_peer(config.seed, self.participation.round, partition_id, config.num_training_clients)
+        return ndarrays_to_parameters(self.models[peer])
+
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
         pairs = random_pairs(len(models), np.random.default_rng([self.inputs.config.seed, server_round]))
         return gossip_average(models, pairs), 2 * len(pairs)
@@ -107,6 +122,11 @@ class DacStrategy(PeerToPeer):
     """
 
     options = (*PeerToPeer.options, NEIGHBOURS)
+
+    def newcomer_parameters(self, partition_id: int) -> Parameters:
+        """Every training client's model, one after another: the newcomer averages the ones with the
+        lowest loss on its own training data (clients.dac_client), having no model to compare by cosine."""
+        return ndarrays_to_parameters([array for pid in self.training_partitions for array in self.models[pid]])
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
         neighbours = top_k_neighbours(cosine_similarities(models), NEIGHBOURS.of(self.inputs.config))

@@ -19,6 +19,7 @@ from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import RESUME
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
+from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.pooled import POOLED_METHODS
 
 if TYPE_CHECKING:
@@ -114,7 +115,8 @@ def registry() -> dict[str, Method]:
         Method("ditto", "personal models pulled towards FedAvg's", "clients.ditto_client:DittoClient", FEDAVG),
         Method("gossip", "random pairwise averaging of per-client models", FEDAVG_CLIENT,
                "strategies.peer:GossipStrategy"),
-        Method("dac", "averaging with the top-k cosine-similar peers", FEDAVG_CLIENT, "strategies.peer:DacStrategy"),
+        Method("dac", "averaging with the top-k cosine-similar peers", "clients.dac_client:DacClient",
+               "strategies.peer:DacStrategy"),
         # The paper's own protocol, centrally pooled (a reference, not a federated method): fedcond.pooled.
         *(Method(name, spec.summary, None, None, "pooled", spec.conditioned) for name, spec in POOLED_METHODS.items()),
     )  # fmt: skip
@@ -132,7 +134,7 @@ def get_method(name: str) -> Method:
 #: Settings of a run rather than of a method, declared next to the code that reads them.
 RUN_OPTIONS = (RESUME,)
 #: Settings every method has that a client may read (its privacy, its secure aggregation).
-CLIENT_SHARED_OPTIONS = (*privacy.OPTIONS, *secagg_settings.OPTIONS)
+CLIENT_SHARED_OPTIONS = (*privacy.OPTIONS, *secagg_settings.OPTIONS, NEWCOMER_STEPS)
 
 
 def declared_options() -> tuple[Option, ...]:

@@ -12,8 +12,8 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedcond.config import Option
 from fedcond.history import RoundRecord, RunRecorder
-from fedcond.messages import ACCURACY, EPSILON, ERROR, TRAIN_LOSS
-from fedcond.metrics import ClientEvaluation, summarise_evaluations, weighted_mean
+from fedcond.messages import ACCURACY, ADAPTED_ACCURACY, EPSILON, ERROR, TRAIN_LOSS
+from fedcond.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
 from fedcond.participation import RoundParticipation
 from strategies.federation import failure_reason
 from strategies.membership import PartitionProxy
@@ -144,7 +144,8 @@ class RoundTracker:
         ``deferred``: the training clients evaluate this round's model in the next round's fit
         (evaluate-in-fit); the record waits in ``pending`` until ``complete_pending`` fills it in."""
         accuracy, loss, per_cluster = summarise_evaluations(self.evaluations(results))
-        heldout_accuracy = summarise_evaluations(self.evaluations(held_out))[0] if held_out else float("nan")
+        newcomers = self.evaluations(held_out)
+        heldout_accuracy = summarise_evaluations(newcomers)[0] if held_out else float("nan")
         now = time.perf_counter()
         record = RoundRecord(
             round=server_round,
@@ -160,6 +161,13 @@ class RoundTracker:
             heldout_accuracy=heldout_accuracy,
             epsilon=self.epsilon,
             **(counts or {}),
+            **Spread.of(self.evaluations(results)).as_fields(),
+            **Spread.of(newcomers).as_fields("heldout_"),
+            heldout_adapted_accuracy=weighted_mean(
+                (float(res.metrics[ADAPTED_ACCURACY]), res.num_examples)
+                for _, res in held_out
+                if ADAPTED_ACCURACY in res.metrics
+            ),
         )
         if deferred:
             self.pending = record
@@ -172,8 +180,15 @@ class RoundTracker:
         fit replies of the round after it brought; recorded and printed (None: nothing pending)."""
         if self.pending is None:
             return None
-        accuracy, loss, per_cluster = summarise_evaluations(self.evaluations(results))
-        record = dataclasses.replace(self.pending, accuracy=accuracy, loss=loss, cluster_accuracy=per_cluster)
+        evaluations = self.evaluations(results)
+        accuracy, loss, per_cluster = summarise_evaluations(evaluations)
+        record = dataclasses.replace(
+            self.pending,
+            accuracy=accuracy,
+            loss=loss,
+            cluster_accuracy=per_cluster,
+            **Spread.of(evaluations).as_fields(),
+        )
         self.pending = None
         self.record(record)
         return record

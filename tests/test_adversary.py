@@ -147,9 +147,10 @@ ALLOWED: dict[tuple[str, str], set[str]] = {
     ("evaluate", "instruction"): {
         "array:evaluateins.parameters", *(f"config:evaluateins.config:{k}" for k in INSTRUCTION_CONFIG),
     },
+    # A newcomer's (held-out client's) reply also carries its accuracy after newcomer-steps local steps.
     ("evaluate", "reply"): {
         "metric:evaluateres.loss:loss", "metric:evaluateres.num_examples:num_examples",
-        "config:evaluateres.metrics:accuracy", *status("evaluateres"),
+        "config:evaluateres.metrics:accuracy", "config:evaluateres.metrics:adapted-accuracy", *status("evaluateres"),
     },
     # SecAgg+ (the fingerprint statistics always; model updates with secure-aggregation=secaggplus).
     ("train/setup", "instruction"): {
@@ -185,8 +186,9 @@ RUNS = {
     "oracle": {"method": "oracle"},
     "ifca": {"method": "ifca"},
     "ditto-secagg": {"method": "ditto", "secure-aggregation": "secaggplus", "ditto-personal-epochs": 1},
-    "gossip": {"method": "gossip"},
-    "dac": {"method": "dac", "dac-neighbours": 1},
+    # Newcomers with adaptation: the newcomer's rules send every peer model (DAC) or one (Gossip).
+    "gossip": {"method": "gossip", "held-out-clients": 1, "newcomer-steps": 2},
+    "dac": {"method": "dac", "dac-neighbours": 1, "held-out-clients": 1, "newcomer-steps": 2},
 }  # fmt: skip
 
 
@@ -217,6 +219,8 @@ def test_every_key_of_every_message_is_on_the_allow_list(tmp_path, name):
     assert not (secure and ("train", "reply") in seen)
     if not secure:  # round 2's training reply carried round 1's evaluation (evaluate-in-fit)
         assert "config:fitres.metrics:evaluated-accuracy" in seen[("train", "reply")]
+    if "newcomer-steps" in RUNS[name]:  # the newcomers' adapted accuracy did travel
+        assert "config:evaluateres.metrics:adapted-accuracy" in seen[("evaluate", "reply")]
     if name == "conditional-secagg-dp":  # the DP keys did travel (so the allow-list saw them)
         assert "config:fitres.metrics:epsilon" in seen[("train/collect_masked_vectors", "reply")]
         assert "config:fitins.config:clipping_norm" in seen[("train/collect_masked_vectors", "instruction")]

@@ -27,7 +27,7 @@ from tests.test_datasets import write_fake_mnist
         (["num-clustres=2"], "unknown run-config key"),
         (["dataset=mnist", "data-dir=/nonexistent/folder"], "does not exist"),
         (["clients-per-cluster=500"], "lower clients-per-cluster"),
-        (["method=local", "held-out-clients=1"], "held-out-clients has no meaning for local"),
+        (["newcomer-steps=3"], "newcomer-steps=3 fine-tunes what held-out clients are served, and this run has none"),
         (["fingerprint=class-mean", "normalisation=log"], "use normalisation=federated or none"),
         (["seed=-1"], "seed must be an integer in 0..4294967295 (got -1)"),
         (["learning-rate=inf"], "learning-rate must be positive and finite (got inf)"),
@@ -54,12 +54,15 @@ def test_missing_and_corrupt_data_files_are_reported_before_training(tmp_path, c
     assert "truncated or corrupt" in capsys.readouterr().err
 
 
-def test_compare_refuses_held_out_clients_for_methods_without_a_newcomer_model(tmp_path, capsys):
+def test_compare_plans_newcomers_for_every_method(tmp_path, capsys):
+    """Every federated method serves a newcomer by its own rule (fedcond.newcomers): nothing is refused."""
+    from strategies.registry import method_names
+
     out = tmp_path / "cmp"
-    assert main(["compare", "--out", str(out), "--rounds", "1", "held-out-clients=1"]) == 2  # --methods all
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "held-out-clients has no meaning for local" in err
-    assert "--methods fedavg,conditional,oracle,ditto" in err and not out.exists()  # nothing started
+    assert main(["compare", "--out", str(out), "--rounds", "1", "--dry-run", "held-out-clients=1"]) == 0
+    listed = capsys.readouterr().out
+    for method in method_names("all"):
+        assert f"method-{method}" in listed, method
 
 
 def stop_superlink_on(port: int) -> None:

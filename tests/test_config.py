@@ -28,6 +28,7 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
         "secure-aggregation", "secagg-num-shares", "secagg-reconstruction-threshold", "secagg-clipping-range",
         "secagg-quantization-range", "secagg-min-clients",
         "client-state-dir", "client-models-memory-mb",  # per-client models outside memory (fedcond.model_store)
+        "newcomer-steps",  # held-out clients' adaptation (fedcond.newcomers)
     }  # fmt: skip
     assert keys <= set(default_config())
     config = run_config({"method": "ditto", "ditto-lambda": 2})
@@ -119,15 +120,19 @@ def test_cli_assignments_parse_toml_literals():
         parse_assignments(["fedavg"])
 
 
-def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless():
+def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless(monkeypatch):
+    from strategies.local import LocalStrategy
+    from strategies.registry import method_names
+
     config = RunConfig(num_clusters=2, clients_per_cluster=3, held_out_clients=1)
     assert (config.num_clients, config.num_training_clients) == (8, 6)
-    for method in ("fedavg", "conditional", "oracle", "ditto"):
-        check_run(config.replace(method=method))  # a model a newcomer would be given: fine
-    for method in ("local", "ifca", "gossip", "dac"):
-        with pytest.raises(FedcondError, match=f"held-out-clients has no meaning for {method}") as error:
-            check_run(config.replace(method=method))
-        assert "--methods fedavg,conditional,oracle,ditto" in str(error.value)
+    for method in method_names("all"):  # every method has a rule for a newcomer (fedcond.newcomers)
+        check_run(config.replace(method=method))
+    # A method without one (a future method's strategy that says so) is refused in one line.
+    monkeypatch.setattr(LocalStrategy, "serves_held_out_clients", False)
+    with pytest.raises(FedcondError, match="held-out-clients has no meaning for local") as error:
+        check_run(config.replace(method="local"))
+    assert "--methods fedavg,conditional" in str(error.value) and ",local" not in str(error.value)
     check_run(RunConfig(method="local"))  # no held-out clients: nothing to refuse
 
 
@@ -147,3 +152,29 @@ def test_the_pyproject_block_and_the_settings_page_are_generated_from_the_declar
     assert set(keys) == set(RunConfig().to_mapping()) - {"options"} | {o.key for o in declared_options()}
     assert all(row.help and "|" not in row.help for row in settings())  # a table cell each
     assert "node-timeout = 60" in pyproject_block().split("# The round protocol")[1]  # beside round-timeout
+
+
+def test_channels_last_is_cifars_default_and_takes_the_words_and_toml_booleans():
+    assert run_config({"dataset": "cifar10"}).channels_last == "auto"
+    assert run_config({"dataset": "cifar10"}).resolved().channels_last == "true"
+    assert run_config({"dataset": "cifar100"}).uses_channels_last
+    assert run_config({"dataset": "mnist"}).resolved().channels_last == "false"
+    assert not run_config({"dataset": "digits"}).uses_channels_last
+    assert run_config({"dataset": "cifar10", "channels-last": False}).resolved().channels_last == "false"
+    assert run_config({"dataset": "mnist", "channels-last": "True"}).uses_channels_last
+    with pytest.raises(FedcondError, match="channels-last must be auto, true or false"):
+        run_config({"channels-last": "maybe"})
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"newcomer-steps": 5}, r"this run has none; set held-out-clients=1 \(or more\), or newcomer-steps=0"),
+        ({"method": "pooled-conditional", "held-out-clients": 1, "newcomer-steps": 5},
+         "pooled-conditional trains centrally on pooled data: set newcomer-steps=0"),
+        ({"newcomer-steps": -1}, "newcomer-steps must be at least 0"),
+    ],
+)  # fmt: skip
+def test_newcomer_steps_without_newcomers_or_federation_are_refused_in_one_line(settings, message):
+    with pytest.raises(FedcondError, match=message):
+        check_run(run_config(settings))

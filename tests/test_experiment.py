@@ -135,6 +135,30 @@ def test_a_run_finished_before_a_setting_existed_counts_as_run_at_its_default(tm
             run_experiment(later, default_config(), tmp_path, again, io.StringIO())
 
 
+@pytest.mark.parametrize(
+    ("recorded", "planned", "kept"),
+    [
+        ("absent", {}, False),  # made before the setting existed: the default layout, not CIFAR's auto
+        ("absent", {"channels-last": False}, True),
+        (False, {"channels-last": "false"}, True),  # recorded when it was a yes/no setting
+        (True, {}, True),  # auto is channels-last for CIFAR
+        (False, {}, False),
+    ],
+)
+def test_a_cifar_run_recorded_before_channels_last_was_its_default_keeps_its_layout(recorded, planned, kept):
+    from fedcond.tools.experiment import comparable_config, with_later_settings
+    from strategies.registry import run_config
+
+    plan = run_config({**default_config(), "dataset": "cifar10", **planned})
+    record = plan.resolved().to_mapping()
+    if recorded == "absent":
+        del record["channels-last"]
+    else:
+        record["channels-last"] = recorded
+    wanted = comparable_config(plan.resolved().to_mapping())
+    assert (with_later_settings(record, plan)["channels-last"] == wanted["channels-last"]) is kept
+
+
 def test_a_different_design_in_the_same_folder_is_refused(tmp_path):
     run_experiment(small_experiment(), default_config(), tmp_path, FakeRunner(), io.StringIO())
     changed = small_experiment()

@@ -130,6 +130,10 @@ NEWCOMER_RULES = {
     "recommended": "global model, fed its own fingerprint",
     "ditto": "global model (it has no personal model)",
     "oracle": "its true cluster's model (tested with Oracle's averaging above)",
+    "ifca": "the cluster model with the lowest loss on its training data",
+    "local": "a model of its own, untrained until newcomer-steps train it",
+    "gossip": "one random training client's model, drawn anew each round",
+    "dac": "the average of the dac-neighbours models with the lowest loss on its training data",
 }
 
 
@@ -201,3 +205,72 @@ def test_the_ifca_client_trains_and_reports_the_model_that_fits_its_data_best():
     assert metrics[CHOICE] == 1
     _, _, metrics = client.fit([*right, *wrong], {SERVER_ROUND: 1})
     assert metrics[CHOICE] == 0
+
+
+def newcomer_of(method: str, **settings):
+    """Cluster 0's held-out client (partition 4 of digits E1 K=2 x 2 + 1): classes 0-4."""
+    return client_of(method, 4, held_out_clients=1, **settings)
+
+
+def test_an_ifca_newcomer_is_served_the_cluster_model_that_fits_its_training_data():
+    newcomer = newcomer_of("ifca")
+    wrong, right = always_class(newcomer, 9), always_class(newcomer, 0)
+    accuracies = [newcomer.evaluate([*pair[0], *pair[1]], {SERVER_ROUND: 1})[2]["accuracy"]
+                  for pair in ((wrong, right), (right, wrong))]  # fmt: skip
+    assert accuracies[0] == accuracies[1] > 0  # whichever position, the model that says 0 (of classes 0-4)
+    assert newcomer.evaluate([*wrong, *wrong], {SERVER_ROUND: 1})[2]["accuracy"] == 0.0
+
+
+def test_a_dac_newcomer_averages_the_peer_models_with_the_lowest_loss_on_its_data():
+    strategy = strategy_for("dac", held_out_clients=1)
+    models = {pid: constant_model(strategy, float(pid)) for pid in range(4)}
+    strategy.models.update(1, models.items())  # each client's model after some round
+    sent = decoded(strategy.evaluate_parameters(4, None))
+    assert len(sent) == 4 * len(models[0])  # every training client's model, in partition order
+    assert [sent[index * len(models[0])].flat[0] for index in range(4)] == pytest.approx([0.0, 1.0, 2.0, 3.0])
+    newcomer = newcomer_of("dac", options=(("dac-neighbours", 2),))
+    wrong, right = always_class(newcomer, 9), always_class(newcomer, 0)
+    right_too = always_class(newcomer, 0)
+    right_too[-1][0] = 30.0  # says 0 less loudly: the average of the two that say 0 is between them
+    served = newcomer.newcomer_model([*wrong, *right, *wrong, *right_too], {SERVER_ROUND: 1})
+    np.testing.assert_allclose(get_weights(served)[-1][0], 40.0)
+    assert get_weights(served)[-1][9] == 0.0  # neither model that says 9 took part
+
+
+def test_a_gossip_newcomer_is_served_one_random_training_clients_model_each_round():
+    strategy = strategy_for("gossip", held_out_clients=1)
+    models = {pid: constant_model(strategy, float(pid)) for pid in range(4)}
+    strategy.models.update(1, models.items())
+    served = {}
+    for server_round in range(1, 9):
+        strategy.participation = type(strategy.participation)(server_round, ())
+        served[server_round] = decoded(strategy.evaluate_parameters(4, None))[0].flat[0]
+    assert set(served.values()) <= {0.0, 1.0, 2.0, 3.0} and len(set(served.values())) > 1  # drawn anew
+    strategy.participation = type(strategy.participation)(3, ())
+    assert decoded(strategy.evaluate_parameters(4, None))[0].flat[0] == served[3]  # seeded by (seed, round)
+
+
+def test_a_local_newcomer_has_only_its_own_untrained_model_until_its_steps_train_it():
+    newcomer = newcomer_of("local", options=(("newcomer-steps", 200),))
+    untrained = get_weights(newcomer.fresh_model())
+    assert all(np.array_equal(a, b) for a, b in zip(get_weights(newcomer.newcomer_model([], {})), untrained,
+                                                     strict=True))  # fmt: skip
+    _, _, metrics = newcomer.evaluate([], {SERVER_ROUND: 1})
+    assert metrics["adapted-accuracy"] > metrics["accuracy"] + 0.3  # 200 steps on its own data teach it
+
+
+def test_newcomer_steps_train_a_copy_for_exactly_that_many_steps_and_keep_the_served_model(monkeypatch):
+    import clients.fedcond_client as fedcond_client
+
+    batches = []
+    real_train = fedcond_client.train
+    monkeypatch.setattr(fedcond_client, "train", lambda model, x, *rest: batches.append(len(x)) or real_train(
+        model, x, *rest))  # fmt: skip
+    newcomer = newcomer_of("fedavg", options=(("newcomer-steps", 7),))
+    served = get_weights(newcomer.fresh_model())
+    _, _, metrics = newcomer.evaluate(served, {SERVER_ROUND: 1})
+    assert batches == [7 * newcomer.train_settings.batch_size] and newcomer.train_settings.epochs >= 1
+    assert all(np.array_equal(a, b) for a, b in zip(get_weights(newcomer.model), served, strict=True))
+    assert 0 <= metrics["adapted-accuracy"] <= 1
+    plain = newcomer_of("fedavg")
+    assert "adapted-accuracy" not in plain.evaluate(served, {SERVER_ROUND: 1})[2]  # zero-shot only by default

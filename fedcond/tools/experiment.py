@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedcond import locks
-from fedcond.config import RunConfig
+from fedcond.config import RunConfig, canonical_record, value_before_it_existed
 from fedcond.errors import FedcondError
-from fedcond.history import RUN_LOCK, error_line, mark_failed, run_status
+from fedcond.history import RUN_LOCK, SPREAD_COLUMNS, error_line, mark_failed, run_status
 
 # Every tidy row names the scenario it came from, so results of several experiments concatenate.
 SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
@@ -43,7 +43,8 @@ METRIC_COLUMNS = (
 )  # fmt: skip
 # Written when a run's history has them (added by later features); never required.
 OPTIONAL_METRIC_COLUMNS = (
-    "heldout_accuracy", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out",
+    "heldout_accuracy", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out", *SPREAD_COLUMNS,
+    "heldout_adapted_accuracy",
 )  # fmt: skip
 # Settings that say where a run lives, how chatty it is or where it resumes from, not what it computes.
 PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir", "resume")
@@ -260,18 +261,22 @@ def comparable_config(mapping: Mapping[str, Any]) -> dict[str, Any]:
 
 def with_later_settings(recorded: Mapping[str, Any], planned: RunConfig) -> dict[str, Any]:
     """A finished run's recorded settings, with each setting added to fedcond after it ran at the
-    value its default resolves to for that run: a run made before, say, ``channels-last`` existed
-    ran in the default layout. A run planned with another value still differs from it."""
+    value its default resolves to for that run, or at the value the setting declares for runs made
+    before it existed (a run made before ``channels-last`` existed ran in the default layout, though
+    CIFAR's default is now channels-last). A run planned with another value still differs from it."""
     from fedcond.tools.flwr_commands import default_config
     from strategies.registry import run_config
 
+    recorded = canonical_record(recorded)  # e.g. channels-last's false, recorded when it was a yes/no setting
     missing = [key for key in planned.to_mapping() if key not in recorded]
     if not missing:
-        return dict(recorded)
+        return recorded
     declared = default_config()
     at_defaults = run_config({**planned.to_mapping(), **{key: declared[key] for key in missing if key in declared}})
     resolved = at_defaults.resolved().to_mapping()
-    return {**{key: resolved[key] for key in missing if key in resolved}, **recorded}
+    before = {key: value_before_it_existed(key) for key in missing}
+    later = {key: resolved[key] if before[key] is None else before[key] for key in missing if key in resolved}
+    return {**later, **recorded}
 
 
 def prepare_folder(run: PlannedRun, runs_dir: Path, stream: TextIO) -> PlannedRun | None:

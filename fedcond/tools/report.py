@@ -72,6 +72,12 @@ class MethodSummary:
     megabytes_up: float
     final_ari: float
     final_heldout: float
+    #: The worst client's final accuracy (history.csv's ``worst_accuracy``), mean over seeds; NaN for
+    #: runs recorded before the column existed. Likewise the worst held-out client's.
+    final_worst: float = math.nan
+    final_heldout_worst: float = math.nan
+    #: The held-out clients' final accuracy after newcomer-steps local steps (NaN: not measured).
+    final_heldout_adapted: float = math.nan
 
 
 def _runs(rows: Iterable[Row]) -> dict[tuple[str, str], list[Row]]:
@@ -115,6 +121,13 @@ def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
                 megabytes_up=_mean(sum(as_float(r["bytes_up"]) for r in history) / 1e6 for history in histories),
                 final_ari=_mean(as_float(history[-1].get("ari", "")) for history in histories),
                 final_heldout=_mean(as_float(history[-1].get("heldout_accuracy", "")) for history in histories),
+                final_worst=_mean(as_float(history[-1].get("worst_accuracy", "")) for history in histories),
+                final_heldout_worst=_mean(
+                    as_float(history[-1].get("heldout_worst_accuracy", "")) for history in histories
+                ),
+                final_heldout_adapted=_mean(
+                    as_float(history[-1].get("heldout_adapted_accuracy", "")) for history in histories
+                ),
             )
         )
     return sorted(summaries, key=lambda s: -s.final_mean if math.isfinite(s.final_mean) else math.inf)
@@ -166,10 +179,14 @@ def summary_table(summaries: Sequence[MethodSummary], paper: Mapping[str, PaperM
     """Markdown: one ranked row per method, with the paper's number and our difference when it has one."""
     with_ari = any(math.isfinite(s.final_ari) for s in summaries)
     with_heldout = any(math.isfinite(s.final_heldout) for s in summaries)
+    with_worst = any(math.isfinite(s.final_worst) for s in summaries)
+    with_heldout_worst = any(math.isfinite(s.final_heldout_worst) for s in summaries)
+    with_adapted = any(math.isfinite(s.final_heldout_adapted) for s in summaries)
     with_paper = _with_paper(paper)
     header = ["rank", "method", "seeds", "final accuracy"] + ["paper", "Δ vs paper"] * with_paper
-    header += ["best (round)", "wall s", "MB down", "MB up"]
-    header += ["ARI"] * with_ari + ["held-out accuracy"] * with_heldout
+    header += ["worst client"] * with_worst + ["best (round)", "wall s", "MB down", "MB up"]
+    header += ["ARI"] * with_ari + ["held-out accuracy"] * with_heldout + ["worst held-out"] * with_heldout_worst
+    header += ["held-out after newcomer-steps"] * with_adapted
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for rank, s in enumerate(summaries, start=1):
         cells = [
@@ -178,12 +195,15 @@ def summary_table(summaries: Sequence[MethodSummary], paper: Mapping[str, PaperM
             str(s.seeds),
             format_accuracy(s.final_mean, s.final_half_width),
             *(_paper_cells(s.final_mean, (paper or {}).get(s.method)) if with_paper else []),
+            *[format_accuracy(s.final_worst)] * with_worst,
             f"{s.best_accuracy:.3f} (r{s.best_round})",
             f"{s.wall_seconds:.0f}",
             f"{s.megabytes_down:.1f}",
             f"{s.megabytes_up:.1f}",
         ]
         cells += [format_accuracy(s.final_ari)] * with_ari + [format_accuracy(s.final_heldout)] * with_heldout
+        cells += [format_accuracy(s.final_heldout_worst)] * with_heldout_worst
+        cells += [format_accuracy(s.final_heldout_adapted)] * with_adapted
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -287,9 +307,11 @@ def _figure():
 
 
 def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
-    """Accuracy vs round, one line per method (mean over seeds), shaded min-max band across seeds."""
+    """Accuracy vs round, one line per method (mean over seeds), shaded min-max band across seeds;
+    dashed, the worst client's accuracy (mean over seeds) where the histories have it."""
     plt = _figure()
     figure, axes = plt.subplots(figsize=(8, 5))
+    drawn_worst = False
     by_method: dict[str, list[list[Row]]] = defaultdict(list)
     for (method, _), history in _runs(rows).items():
         by_method[method].append(history)
@@ -301,11 +323,16 @@ def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
         (line,) = axes.plot(x, matrix.mean(axis=0), marker="o", markersize=3, label=method)
         if len(histories) > 1:
             axes.fill_between(x, matrix.min(axis=0), matrix.max(axis=0), color=line.get_color(), alpha=0.2)
+        worst = np.array([[as_float(h[r].get("worst_accuracy", "")) for r in range(rounds)] for h in histories])
+        if np.isfinite(worst).any():  # the worst client, dashed in the method's colour (absent in older runs)
+            drawn_worst = True
+            mean_worst = [_mean(worst[:, r]) for r in range(rounds)]
+            axes.plot(x, mean_worst, linestyle="--", linewidth=1, color=line.get_color())
     from matplotlib.ticker import MaxNLocator
 
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("federated round")
-    axes.set_ylabel("mean client test accuracy")
+    axes.set_ylabel("mean client test accuracy" + (" (dashed: worst client)" if drawn_worst else ""))
     axes.set_ylim(0, 1)
     axes.grid(alpha=0.3)
     axes.set_title(title)

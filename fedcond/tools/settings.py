@@ -30,6 +30,7 @@ TOPICS = {
     "protocol": "The round protocol: waiting for nodes, answers each round needs, time limits",
     "privacy": "Differential privacy (privacy.md): sample-level DP-SGD and DP fingerprint, client-level DP",
     "secure-aggregation": "Secure aggregation (privacy.md): Flower's SecAgg+ for model updates; its protocol values",
+    "newcomers": "Newcomers (newcomers.md): what held-out clients are served, and their adaptation",
     "resume": "Resume (deployment.md)",
 }
 PYPROJECT = Path("pyproject.toml")
@@ -50,6 +51,7 @@ def settings() -> list[Setting]:
     """Every run-config key, in the order of ``TOPICS`` (within one, in declaration order)."""
     from fedcond import privacy, secagg_settings
     from fedcond.checkpoint import RESUME
+    from fedcond.newcomers import NEWCOMER_STEPS
     from strategies import client_dp
     from strategies.base import FedcondStrategy
     from strategies.registry import registry
@@ -74,6 +76,7 @@ def settings() -> list[Setting]:
         ("protocol", "every federated method", FedcondStrategy.protocol_options),
         ("privacy", "every federated method", (*privacy.OPTIONS, *client_dp.OPTIONS)),
         ("secure-aggregation", "every federated method", secagg_settings.OPTIONS),
+        ("newcomers", "every federated method", (NEWCOMER_STEPS,)),
         ("resume", "the run", (RESUME,)),
     )
     rows += [Setting(o.key, o.default, topic, owner, o.help) for topic, owner, group in groups for o in group]

@@ -1,0 +1,34 @@
+"""DAC's client: FedAvg's (train what you receive, return it), and DAC's rule for a newcomer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clients.fedcond_client import FedcondClient
+from fedcond.aggregation import DAC_NEIGHBOURS
+from fedcond.errors import FedcondError
+from fedcond.models import ConditionalCNN, set_weights
+from fedcond.newcomers import lowest_loss_average
+from fedcond.training import evaluate
+
+
+class DacClient(FedcondClient):
+    """A training client is FedAvg's. A newcomer has no model to compare by cosine similarity, so it
+    receives every training client's model and is served the uniform average of the ``dac-neighbours``
+    with the lowest loss on its own training data: the similarity of Listo Zec et al.'s original DAC
+    (the inverse of a peer model's training loss on the client's data), with the paper's top-k."""
+
+    options = (DAC_NEIGHBOURS,)
+
+    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> ConditionalCNN:
+        per_model = len(self.model.state_dict())
+        if not parameters or len(parameters) % per_model:
+            raise FedcondError("a DAC newcomer received a partial set of models; server and client disagree")
+        peers = [parameters[start : start + per_model] for start in range(0, len(parameters), per_model)]
+        losses = []
+        for peer in peers:
+            set_weights(self.model, peer)
+            fit = evaluate(self.model, self.data.train_x, self.data.train_y, None, self.train_settings.channels_last)
+            losses.append(fit.loss)
+        set_weights(self.model, lowest_loss_average(peers, losses, DAC_NEIGHBOURS.of(self.run_config)))
+        return self.model
