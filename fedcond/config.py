@@ -72,6 +72,14 @@ class RunConfig:
     covariate_clusters: int = setting(
         2, "scenario", "C, the covariate clusters per concept group in `combined` (K = 2C), 1..4"
     )
+    dirichlet_alpha: float = setting(
+        0.5,
+        "scenario",
+        "`dirichlet`: each client's label proportions ~ Dir(alpha) (flwr-datasets); smaller, more skew; > 0",
+    )
+    classes_per_client: int = setting(
+        2, "scenario", "`pathological`: the classes each client holds (flwr-datasets), 1..the dataset's classes"
+    )
     local_epochs: int = setting(
         0, "training", "local epochs per round; 0 = the dataset's default (Per-dataset training defaults, below)"
     )
@@ -107,7 +115,7 @@ class RunConfig:
     fingerprint: str = setting(
         "eigen",
         "fingerprint",
-        "what each client computes: `eigen` (the paper's), `class-mean`, `label-cov`, "
+        "what each client computes: `eigen` (the paper's), `eigen-x` (no labels), `class-mean`, `label-cov`, "
         "`class-eigen`, or the controls `random-id`, `cluster-id` ([fingerprints.md](fingerprints.md))",
     )
     conditioning: str = setting(
@@ -198,6 +206,10 @@ class RunConfig:
                 raise FedcondError(f"{key} must be 0 (the default) or positive (got {value})")
         if self.held_out_clients < 0:
             raise FedcondError(f"held-out-clients must be 0 or more per cluster (got {self.held_out_clients})")
+        if not (math.isfinite(self.dirichlet_alpha) and self.dirichlet_alpha > 0):
+            raise FedcondError(f"dirichlet-alpha must be positive and finite (got {self.dirichlet_alpha})")
+        if self.classes_per_client < 1:
+            raise FedcondError(f"classes-per-client must be at least 1 (got {self.classes_per_client})")
         if not 0 < self.data_fraction <= 1:
             raise FedcondError(f"data-fraction must be in (0, 1] (got {self.data_fraction})")
         if self.fingerprint_dim > MAX_FINGERPRINT_DIM:

@@ -1,9 +1,10 @@
 """Client fingerprints: the paper's top eigenvalues of Cov(Z), Z = [phi(x) || onehot(y)], and others.
 
-``FINGERPRINTS`` maps each ``fingerprint`` setting to its spec: ``eigen`` (the
-paper's), label-aware statistics that see label permutations and rotations (``class-mean``,
-``label-cov``; ``class-eigen`` sees permutations only), and two controls (``random-id``: a pure
-client identifier; ``cluster-id``: the true cluster). docs/fingerprints.md says what each reveals.
+``FINGERPRINTS`` maps each ``fingerprint`` setting to its spec: ``eigen`` (the paper's),
+``eigen-x`` (the same on phi(x) alone, for clients without labels), label-aware statistics that
+see label permutations and rotations (``class-mean``, ``label-cov``; ``class-eigen`` sees
+permutations only), and two controls (``random-id``: a pure client identifier; ``cluster-id``: the
+true cluster). docs/fingerprints.md says what each reveals.
 
 Computed by each client on its own training data, once, and kept on the client. Normalisation is
 either local (``log``) or federated (``federated``: a z-score whose mean and standard deviation
@@ -65,6 +66,14 @@ def eigen_fingerprint(
 ) -> np.ndarray:
     """The paper's fingerprint of one client's training data."""
     return covariance_eigenvalues(feature_matrix(images, labels, num_classes), dim, seed)
+
+
+def label_free_fingerprint(images: np.ndarray, dim: int = 32, seed: int = 0) -> np.ndarray:
+    """The top eigenvalues of Cov(phi(x)) alone: what a client without labels (a newcomer with
+    unlabelled data) can compute. It sees how the images are distributed (which classes a client
+    holds change that, and so do domains and subclasses), never which label an image carries: a
+    label permutation (E3b) leaves it exactly unchanged, as it leaves the images unchanged."""
+    return covariance_eigenvalues(images.reshape(len(images), -1).astype(np.float64), dim, seed)
 
 
 def log_scale(fingerprint: np.ndarray) -> np.ndarray:
@@ -212,6 +221,9 @@ class FingerprintSpec:
     needs_data: bool = True
     #: Entries are variances (non-negative, spanning decades): ``log`` scaling fits them.
     spectral: bool = False
+    #: Whether it reads the labels: one that does not (``eigen-x``) serves clients without labels, and
+    #: cannot tell apart clusters that differ only in their labels (``LABEL_ONLY_SCENARIOS``).
+    reads_labels: bool = True
 
 
 def _per_class_size(dim: int, num_classes: int, _num_clusters: int) -> int:
@@ -224,6 +236,12 @@ FINGERPRINTS: dict[str, FingerprintSpec] = {
         lambda s: eigen_fingerprint(s.features, s.labels, s.num_classes, s.dim, s.seed),
         lambda dim, _classes, _clusters: dim,
         spectral=True,
+    ),
+    "eigen-x": FingerprintSpec(
+        lambda s: label_free_fingerprint(s.features, s.dim, s.seed),
+        lambda dim, _classes, _clusters: dim,
+        spectral=True,
+        reads_labels=False,
     ),
     "class-mean": FingerprintSpec(
         lambda s: class_mean_sketch(s.features, s.labels, s.num_classes, s.dim), _per_class_size
@@ -259,6 +277,23 @@ def check_fingerprint(name: str, normalisation: str) -> None:
         raise FedcondError(
             f"normalisation=log takes logarithms of eigenvalues ({spectral}); "
             f"fingerprint {name} has signed entries: use normalisation=federated or none"
+        )
+
+
+#: Scenarios whose clusters differ only in which label each image carries: a fingerprint that reads
+#: no labels is the same, in distribution, for every cluster there, so asking it to tell them apart
+#: is refused (``check_label_free``).
+LABEL_ONLY_SCENARIOS = ("concept-permutation",)
+
+
+def check_label_free(name: str, scenario: str) -> None:
+    """A fingerprint that reads no labels, asked to see clusters that differ only in their labels: refused."""
+    spec = fingerprint_spec(name)
+    if spec.needs_data and not spec.reads_labels and scenario in LABEL_ONLY_SCENARIOS:
+        raise FedcondError(
+            f"fingerprint {name} reads no labels, and {scenario}'s clusters differ only in their labels (the "
+            "images are the same): it cannot tell them apart; use a label-aware fingerprint (class-mean, "
+            "label-cov, class-eigen)"
         )
 
 

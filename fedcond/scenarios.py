@@ -195,6 +195,19 @@ class _Builder:
             )
             (self.held_out if partition.held_out else self.clients).append(partition)
 
+    def add_partitioned(
+        self, description: str, train_parts: list[np.ndarray], test_parts: list[np.ndarray], source: str, classes: int
+    ) -> None:
+        """One population already cut into clients (a partitioner's), training clients first: no clusters."""
+        self.descriptions.append(description)
+        training = self.config.clients_per_cluster
+        for part, (train_indices, test_indices) in enumerate(zip(train_parts, test_parts, strict=True)):
+            partition = ClientPartition(
+                -1, 0, np.sort(train_indices), np.sort(test_indices), np.arange(classes), source,
+                held_out=part >= training,
+            )  # fmt: skip
+            (self.held_out if partition.held_out else self.clients).append(partition)
+
     def _without_reserved(self, train_pool: np.ndarray, source: str) -> np.ndarray:
         """The pool minus the training images a ``<source>-reserved`` encoder learns from."""
         from fedcond.encoder import reserved_source, reserved_train_indices
@@ -410,6 +423,84 @@ def domain(load: Loader, config: RunConfig) -> Scenario:
     return builder.scenario("domain", "mnist+fashion-mnist", 10)
 
 
+def _label_partitions(config: RunConfig, labels: np.ndarray, count: int) -> list[np.ndarray]:
+    """``count`` disjoint client shares of the training samples by flwr-datasets' partitioner for the
+    scenario (Dirichlet label skew, or k classes per client), run on the labels as a local table."""
+    import warnings
+
+    from datasets import Dataset
+    from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
+
+    table = Dataset.from_dict({"label": labels, "index": np.arange(len(labels))})
+    if config.scenario == "dirichlet":
+        partitioner = DirichletPartitioner(
+            num_partitions=count, partition_by="label", alpha=config.dirichlet_alpha,
+            min_partition_size=MIN_TRAIN_SAMPLES_PER_CLIENT, self_balancing=False, seed=config.seed,
+        )  # fmt: skip
+    else:
+        partitioner = PathologicalPartitioner(
+            num_partitions=count, partition_by="label", num_classes_per_partition=config.classes_per_client,
+            class_assignment_mode="deterministic", seed=config.seed,
+        )  # fmt: skip
+    partitioner.dataset = table
+    with warnings.catch_warnings():  # its redraws until every share is large enough are not the user's concern
+        warnings.simplefilter("ignore", UserWarning)
+        return [np.asarray(partitioner.load_partition(part)["index"], dtype=np.int64) for part in range(count)]
+
+
+def _matching_test_shares(
+    train_labels: list[np.ndarray], test_pool: np.ndarray, test_labels: np.ndarray, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Disjoint test shares with each client's training label mix: every class's test samples are cut
+    among the clients in proportion to how many of that class each holds for training."""
+    shares: list[list[np.ndarray]] = [[] for _ in train_labels]
+    for label in np.unique(test_labels[test_pool]):
+        pool = rng.permutation(test_pool[test_labels[test_pool] == label])
+        held = np.array([np.sum(labels == label) for labels in train_labels], dtype=np.float64)
+        if held.sum() == 0:
+            continue
+        counts = np.floor(held / held.sum() * len(pool)).astype(int)
+        for index in np.argsort(-(held / held.sum() * len(pool) - counts))[: len(pool) - counts.sum()]:
+            counts[index] += 1  # largest remainders: every test sample of the class goes to someone who has it
+        for client, piece in enumerate(np.split(pool, np.cumsum(counts)[:-1])):
+            shares[client].append(piece)
+    return [np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64) for pieces in shares]
+
+
+def label_partitioned(load: Loader, config: RunConfig) -> Scenario:
+    """No clusters: every client's label mix drawn by the field's partitioners (flwr-datasets) from
+    one population. ``dirichlet``: each client's label proportions ~ Dir(``dirichlet-alpha``);
+    ``pathological``: ``classes-per-client`` classes each (assigned in turn, McMahan et al.'s split).
+    Held-out clients are drawn the same way. Test data follows each client's training label mix."""
+    if config.num_clusters != 1:
+        raise FedcondError(
+            f"{config.scenario} has no clusters (one population, each client's labels drawn by the partitioner): "
+            f"set num-clusters=1 and clients-per-cluster to the number of clients (got num-clusters="
+            f"{config.num_clusters})"
+        )
+    dataset = load(config.dataset)
+    if config.scenario == "pathological" and config.classes_per_client > dataset.num_classes:
+        raise FedcondError(
+            f"classes-per-client={config.classes_per_client} is more than the {dataset.num_classes} classes of "
+            f"{dataset.name}; lower it"
+        )
+    builder = _Builder(config, load)
+    train_pool = _subsample(builder._without_reserved(np.arange(len(dataset.train_y)), dataset.name),
+                            config.data_fraction, builder.rng)  # fmt: skip
+    test_pool = _subsample(np.arange(len(dataset.test_y)), config.data_fraction, builder.rng)
+    count = config.clients_per_cluster + config.held_out_clients
+    train_parts = [train_pool[share] for share in _label_partitions(config, dataset.train_y[train_pool], count)]
+    test_parts = _matching_test_shares([dataset.train_y[part] for part in train_parts], test_pool, dataset.test_y,
+                                       builder.rng)  # fmt: skip
+    described = (f"Dirichlet label skew, alpha {config.dirichlet_alpha:g}" if config.scenario == "dirichlet"
+                 else f"{config.classes_per_client} classes per client")  # fmt: skip
+    builder.add_partitioned(f"no clusters: {described}", train_parts, test_parts, dataset.name, dataset.num_classes)
+    return builder.scenario(config.scenario, dataset.name, dataset.num_classes)
+
+
+#: Scenarios without true clusters: nothing for Oracle (or a cluster-id control) to be told.
+UNCLUSTERED_SCENARIOS = ("dirichlet", "pathological")
+
 SCENARIOS: dict[str, Callable[[Loader, RunConfig], Scenario]] = {
     "label-shift": label_shift,
     "covariate-subclass": covariate_subclass,
@@ -418,6 +509,8 @@ SCENARIOS: dict[str, Callable[[Loader, RunConfig], Scenario]] = {
     "concept-permutation": concept_permutation,
     "domain": domain,
     "combined": combined,
+    "dirichlet": label_partitioned,
+    "pathological": label_partitioned,
 }
 
 
@@ -466,6 +559,10 @@ SPLIT_KEYS = (
     "covariate-clusters",
 )
 
+#: The partitioners' own settings: they decide the split of their scenarios only (and so only those
+#: scenarios' partition files record them).
+PARTITIONER_KEYS = {"dirichlet": ("dirichlet-alpha",), "pathological": ("classes-per-client",)}
+
 
 def split_settings(config: RunConfig) -> dict[str, object]:
     """``config``'s values of ``SPLIT_KEYS``, and its encoder where that holds images back from the
@@ -474,6 +571,7 @@ def split_settings(config: RunConfig) -> dict[str, object]:
 
     mapping = config.to_mapping()
     split = {key: mapping[key] for key in SPLIT_KEYS}
+    split.update({key: mapping[key] for key in PARTITIONER_KEYS.get(config.scenario, ())})
     if reserved_source(config.fingerprint_encoder):
         split["fingerprint-encoder"] = config.fingerprint_encoder
     return split

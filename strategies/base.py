@@ -181,6 +181,8 @@ class FedcondStrategy(Strategy):
     #: Whether a held-out client (one that never trains) has a model to evaluate under this strategy:
     #: only where the server holds a model a newcomer would be given.
     serves_held_out_clients: ClassVar[bool] = False
+    #: Whether the server is told the true clusters (Oracle): refused where a scenario has none.
+    uses_true_clusters: ClassVar[bool] = False
     #: Run-config settings of this strategy, declared here rather than in a central list.
     options: ClassVar[tuple[Option, ...]] = ()
     #: Settings of the round protocol every strategy shares (failure policy, time limits).
@@ -218,6 +220,10 @@ class FedcondStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.inputs.config.method})"
+
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        """A method's own checks of the run's settings, before anything starts (``check_run``)."""
 
     @property
     def training_partitions(self) -> range:

@@ -12,8 +12,9 @@ from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import check_resume, resume_folder
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.fingerprint import check_label_free
 from fedcond.newcomers import NEWCOMER_STEPS
-from fedcond.scenarios import scenario_for, validate_without_data
+from fedcond.scenarios import UNCLUSTERED_SCENARIOS, scenario_for, validate_without_data
 from strategies import client_dp
 from strategies.registry import Method, get_method, held_out_methods
 from strategies.sampling import check_sampling
@@ -37,6 +38,11 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"(compare: --methods {','.join(supported)})"
         )
     check_newcomers(config, method)
+    check_clusters_exist(config, method)
+    if method.strategy is not None:
+        method.strategy.check(config)
+    if method.conditioned:
+        check_label_free(config.fingerprint, config.scenario)
     check_privacy(config, method)
     secure = secagg_settings.SecureAggregation.of(config)
     check_sampling(config, secure.min_clients if secure.model_updates else None)
@@ -46,6 +52,22 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
         scenario_for(config)
     check_secure_aggregation(config, method)  # after the data: too many clients for the data says so first
     return method
+
+
+def check_clusters_exist(config: RunConfig, method: Method) -> None:
+    """A scenario without true clusters (``UNCLUSTERED_SCENARIOS``) has nothing to tell Oracle or a
+    cluster-id control: refused in one line rather than run as FedAvg under another name."""
+    if config.scenario not in UNCLUSTERED_SCENARIOS:
+        return
+    if method.needs_true_clusters:
+        raise FedcondError(
+            f"{method.name} is told the true clusters, and {config.scenario} has none (one population, each "
+            "client's labels drawn by the partitioner); compare against fedavg, local or a personalised method"
+        )
+    if method.conditioned and config.fingerprint == "cluster-id":
+        raise FedcondError(
+            f"fingerprint cluster-id is the true cluster, and {config.scenario} has none; choose another fingerprint"
+        )
 
 
 def check_newcomers(config: RunConfig, method: Method) -> None:

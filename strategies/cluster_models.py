@@ -8,6 +8,7 @@ from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, para
 from sklearn.metrics import adjusted_rand_score
 
 from fedcond.aggregation import Model, average_per_group
+from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import CHOICE, EVALUATE_CHOICE, EVALUATE_FIRST
 from fedcond.participation import FIT
@@ -68,6 +69,7 @@ class OracleStrategy(ClusterModels):
     """
 
     serves_held_out_clients = True
+    uses_true_clusters = True
     secure_aggregation_refusal = (
         "Oracle averages within each true cluster, so each sum would run over one cluster and every client "
         "would learn which nodes share its cluster (it exchanges keys with exactly those); it is the reference "
@@ -87,6 +89,18 @@ class OracleStrategy(ClusterModels):
         return [self.assignment[partition] for partition, _ in results]
 
 
+IFCA_MODELS = Option(
+    "ifca-models",
+    0,
+    "IFCA: K, the cluster models it trains; 0 = num-clusters (the true count, as the paper)",
+    minimum=0,
+)
+
+
+def ifca_models(config: RunConfig) -> int:
+    return IFCA_MODELS.of(config) or config.num_clusters
+
+
 class IfcaStrategy(ClusterModels):
     """IFCA (Ghosh et al. 2020): K models, each client trains the one with its lowest training loss.
 
@@ -100,14 +114,23 @@ class IfcaStrategy(ClusterModels):
     """
 
     serves_held_out_clients = True  # a newcomer receives all K and takes its lowest-loss one
+    options = (IFCA_MODELS,)
     secure_aggregation_refusal = (
         "IFCA's server groups the returned models by each client's choice, and a sum per choice would tell it "
         "every client's choice (its estimated cluster) and need each choice in the clear"
     )
 
     def __init__(self, inputs: StrategyInputs) -> None:
-        seeds = [inputs.config.seed * 1000 + k for k in range(inputs.config.num_clusters)]
+        seeds = [inputs.config.seed * 1000 + k for k in range(ifca_models(inputs.config))]
         super().__init__(inputs, [initial_weights(inputs, seed) for seed in seeds])
+
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        if ifca_models(config) < 2:
+            raise FedcondError(
+                "IFCA with one cluster model is FedAvg; give ifca-models=K (2 or more), the clusters it is to find "
+                "(0: num-clusters)"
+            )
 
     def all_models(self) -> Parameters:
         return ndarrays_to_parameters([array for model in self.models for array in model])

@@ -81,6 +81,15 @@ class Method:
         return self.client.state_lost_on_resume if self.client is not None else ""
 
     @property
+    def needs_true_clusters(self) -> bool:
+        """Whether the method is told the true clusters (Oracle, pooled-oracle): a reference, not a method."""
+        if self.strategy is None:
+            from fedcond.pooled import POOLED_METHODS
+
+            return POOLED_METHODS[self.variant_of or self.name].scope == "cluster"
+        return self.strategy.uses_true_clusters
+
+    @property
     def serves_held_out_clients(self) -> bool:
         if self.strategy is None:  # pooled: a newcomer gets the pooled model (or its true cluster's)
             return self.protocol == "pooled"

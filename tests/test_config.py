@@ -29,6 +29,7 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
         "secagg-quantization-range", "secagg-min-clients",
         "client-state-dir", "client-models-memory-mb",  # per-client models outside memory (fedcond.model_store)
         "newcomer-steps",  # held-out clients' adaptation (fedcond.newcomers)
+        "ifca-models",  # IFCA's K where it is not the true number of clusters (partitions without clusters)
     }  # fmt: skip
     assert keys <= set(default_config())
     config = run_config({"method": "ditto", "ditto-lambda": 2})
@@ -63,7 +64,7 @@ def test_dataset_defaults_are_resolved():
         ({"learning-rate": -1.0}, "learning-rate must be positive"),
         ({"normalisation": "zscore"}, "unknown normalisation"),
         ({"verbose": "maybe"}, "needs a bool"),
-        ({"fingerprint": "pca"}, "unknown fingerprint 'pca'; choose one of eigen, class-mean"),
+        ({"fingerprint": "pca"}, "unknown fingerprint 'pca'; choose one of eigen, eigen-x, class-mean"),
         ({"conditioning": "telepathy"}, "unknown conditioning 'telepathy'; choose one of " + ", ".join(MECHANISMS)),
         ({"held-out-clients": -1}, "held-out-clients must be 0 or more"),
         ({"fingerprint": "class-mean", "normalisation": "log"}, "use normalisation=federated or none"),

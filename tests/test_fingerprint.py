@@ -99,6 +99,31 @@ def test_class_eigen_sees_label_permutation_but_not_right_angle_rotation(digit_s
     assert permuted > 0.05 and max(rot90, rot180) < 1e-10
 
 
+def test_the_label_free_fingerprint_reads_no_label_and_sees_which_classes_a_client_holds(digit_sample):
+    images, labels = digit_sample
+    assert max(_changes("eigen-x", images, labels)) < 1e-10  # blind to permutations (and right angles)
+    np.testing.assert_allclose(
+        fp.compute_fingerprint("eigen-x", fp.ClientSample(images, np.zeros_like(labels), 10, 32)),
+        fp.covariance_eigenvalues(images.reshape(len(images), -1).astype(np.float64), 32),
+    )  # the labels given do not matter at all
+    low, high = labels < 5, labels >= 5  # two label-shift clusters: different images, different spectra
+    first, second = (
+        fp.compute_fingerprint("eigen-x", fp.ClientSample(images[m], labels[m], 10, 32)) for m in (low, high)
+    )
+    assert np.linalg.norm(first - second) / np.linalg.norm(first) > 0.05
+
+
+def test_a_label_free_fingerprint_asked_to_see_a_label_permutation_is_refused_in_one_line():
+    from strategies.checks import check_run
+    from strategies.registry import run_config
+
+    with pytest.raises(FedcondError, match="eigen-x reads no labels, and concept-permutation's clusters differ only"):
+        check_run(run_config({"fingerprint": "eigen-x", "scenario": "concept-permutation", "num-clusters": 2}))
+    check_run(run_config({"fingerprint": "eigen-x", "scenario": "label-shift"}))
+    check_run(run_config({"method": "fedavg", "fingerprint": "eigen-x", "scenario": "concept-permutation",
+                          "num-clusters": 2}))  # fmt: skip  # a method that reads no fingerprint: nothing to see
+
+
 def test_fingerprint_sizes_and_controls():
     assert fp.fingerprint_size("eigen", 32, 10, 2) == 32 == fp.fingerprint_size("random-id", 32, 10, 2)
     assert fp.fingerprint_size("class-mean", 32, 10, 2) == 30 == fp.fingerprint_size("class-eigen", 32, 10, 2)
@@ -140,4 +165,5 @@ def test_the_fingerprint_table_describes_each_fingerprint():
     for name, spec in fp.FINGERPRINTS.items():
         if not spec.needs_data:
             assert len(spec.compute(empty)) == spec.size(32, 10, 3), name
-    assert {name for name, spec in fp.FINGERPRINTS.items() if spec.spectral} == {"eigen", "class-eigen"}
+    assert {name for name, spec in fp.FINGERPRINTS.items() if spec.spectral} == {"eigen", "eigen-x", "class-eigen"}
+    assert {name for name, spec in fp.FINGERPRINTS.items() if spec.needs_data and not spec.reads_labels} == {"eigen-x"}

@@ -175,3 +175,79 @@ def test_held_out_clients_come_after_training_clients_with_their_clusters_data(d
     # Without held-out clients the split is unchanged (same ids, same samples as before the feature).
     plain = build_scenario(config.replace(held_out_clients=0))
     assert len(plain.clients) == 6 and not any(c.held_out for c in plain.clients)
+
+
+# -- no clusters: the field's partitioners (flwr-datasets) ---------------------------------------------
+def label_mixes(scenario, dataset):
+    """Each client's train and test label counts."""
+    return [
+        (np.bincount(dataset.train_y[c.train_indices], minlength=10), np.bincount(dataset.test_y[c.test_indices],
+                                                                                  minlength=10))
+        for c in scenario.clients
+    ]  # fmt: skip
+
+
+def test_a_dirichlet_split_is_disjoint_follows_alpha_and_tests_each_client_on_its_own_label_mix(digits):
+    entropies = {}
+    for alpha in (0.1, 10.0):
+        config = RunConfig(scenario="dirichlet", num_clusters=1, clients_per_cluster=8, held_out_clients=2,
+                           dirichlet_alpha=alpha)  # fmt: skip
+        scenario = build_scenario(config)
+        assert len(scenario.clients) == 10 and [c.held_out for c in scenario.clients] == [False] * 8 + [True] * 2
+        trains = np.concatenate([c.train_indices for c in scenario.clients])
+        tests = np.concatenate([c.test_indices for c in scenario.clients])
+        assert len(trains) == len(np.unique(trains)) == len(digits.train_y)  # disjoint, complete
+        assert len(tests) == len(np.unique(tests)) == len(digits.test_y)
+        mixes = label_mixes(scenario, digits)
+        for train, test in mixes:
+            assert np.all(test[train == 0] == 0)  # no client is tested on a class it never trained on
+        shares = [train / train.sum() for train, _ in mixes]
+        entropies[alpha] = np.mean([-(p[p > 0] * np.log(p[p > 0])).sum() for p in shares])
+        assert {c.cluster for c in scenario.clients} == {0}
+    assert entropies[0.1] < entropies[10.0] - 0.5  # smaller alpha: more skewed clients
+
+
+def test_a_pathological_split_gives_each_client_exactly_its_classes(digits):
+    config = RunConfig(scenario="pathological", num_clusters=1, clients_per_cluster=10, classes_per_client=2)
+    for train, test in label_mixes(build_scenario(config), digits):
+        assert np.count_nonzero(train) == 2 and set(np.flatnonzero(test)) <= set(np.flatnonzero(train))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"scenario": "dirichlet", "num_clusters": 2}, "dirichlet has no clusters .* set num-clusters=1"),
+        ({"scenario": "pathological", "num_clusters": 1, "classes_per_client": 11},
+         "classes-per-client=11 is more than the 10 classes of digits"),
+    ],
+)  # fmt: skip
+def test_a_partition_without_clusters_is_refused_in_one_line_where_it_cannot_be(digits, settings, message):
+    with pytest.raises(FedcondError, match=message):
+        build_scenario(RunConfig(**settings))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"method": "oracle"}, "oracle is told the true clusters, and dirichlet has none"),
+        ({"method": "pooled-oracle"}, "pooled-oracle is told the true clusters"),
+        ({"fingerprint": "cluster-id"}, "fingerprint cluster-id is the true cluster, and dirichlet has none"),
+        ({"method": "ifca"}, "IFCA with one cluster model is FedAvg; give ifca-models=K"),
+        ({"dirichlet-alpha": 0}, "dirichlet-alpha must be positive and finite"),
+    ],
+)
+def test_what_needs_true_clusters_is_refused_on_a_partition_without_them(settings, message):
+    from strategies.checks import check_run
+    from strategies.registry import run_config
+
+    with pytest.raises(FedcondError, match=message):
+        check_run(run_config({"scenario": "dirichlet", "num-clusters": 1, "clients-per-cluster": 6, **settings}))
+    check_run(run_config({"scenario": "dirichlet", "num-clusters": 1, "method": "ifca", "ifca-models": 3}))
+
+
+def test_only_a_partitioners_own_setting_keys_its_split():
+    from fedcond.scenarios import split_settings
+
+    assert "dirichlet-alpha" in split_settings(RunConfig(scenario="dirichlet", num_clusters=1))
+    assert "dirichlet-alpha" not in split_settings(RunConfig())  # partition files of other splits stay valid
+    assert "classes-per-client" in split_settings(RunConfig(scenario="pathological", num_clusters=1))

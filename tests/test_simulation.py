@@ -80,6 +80,7 @@ def test_wrong_number_of_nodes_stops_before_training(tmp_path, capsys):
 SCENARIO_DATASETS = {
     "covariate-rotation": "digits", "concept-permutation": "digits", "concept-semantic": "mnist",
     "domain": "mnist", "covariate-subclass": "cifar10", "combined": "cifar10",
+    "dirichlet": "digits", "pathological": "digits",
 }  # fmt: skip
 
 
@@ -97,15 +98,21 @@ def test_every_scenario_runs_through_flower(tmp_path, scenario):
     write_fake_mnist(tmp_path / "data" / "mnist", train=80, test=40)
     write_fake_mnist(tmp_path / "data" / "fashion-mnist", train=80, test=40)
     write_cifar10_folder(tmp_path / "data" / "cifar10-jpeg", per_class=(8, 4))
+    from fedcond.scenarios import UNCLUSTERED_SCENARIOS
+
+    # One population cut by a partitioner: four clients and a newcomer, no clusters.
+    clusters, clients = (1, 4) if scenario in UNCLUSTERED_SCENARIOS else (2, 2)
     config = RunConfig(
-        scenario=scenario, dataset=SCENARIO_DATASETS[scenario], num_clusters=2, clients_per_cluster=2,
-        covariate_clusters=1, num_server_rounds=1,
+        scenario=scenario, dataset=SCENARIO_DATASETS[scenario], num_clusters=clusters, clients_per_cluster=clients,
+        held_out_clients=int(scenario in UNCLUSTERED_SCENARIOS), covariate_clusters=1, num_server_rounds=1,
         local_epochs=1, data_dir=str(tmp_path / "data"), results_dir=str(tmp_path / "results"), verbose=False,
     )  # fmt: skip
     simulate(config)
     rows, info = read_history(tmp_path / "results")
     assert len(rows) == 1 and math.isfinite(float(rows[0]["accuracy"])) and info["status"] == "finished"
-    assert info["scenario"]["scenario"] == scenario and len(info["scenario"]["clusters"]) == 2
+    assert info["scenario"]["scenario"] == scenario and len(info["scenario"]["clusters"]) == clusters
+    if scenario in UNCLUSTERED_SCENARIOS:
+        assert math.isfinite(float(rows[0]["heldout_accuracy"]))
 
 
 @pytest.mark.slow
