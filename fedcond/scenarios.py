@@ -467,23 +467,29 @@ def _matching_test_shares(
     return [np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64) for pieces in shares]
 
 
-def label_partitioned(load: Loader, config: RunConfig) -> Scenario:
-    """No clusters: every client's label mix drawn by the field's partitioners (flwr-datasets) from
-    one population. ``dirichlet``: each client's label proportions ~ Dir(``dirichlet-alpha``);
-    ``pathological``: ``classes-per-client`` classes each (assigned in turn, McMahan et al.'s split).
-    Held-out clients are drawn the same way. Test data follows each client's training label mix."""
-    if config.num_clusters != 1:
+def check_unclustered(config: RunConfig) -> None:
+    """A partition without clusters takes one population: num-clusters 1 (before any data is read)."""
+    if config.scenario in UNCLUSTERED_SCENARIOS and config.num_clusters != 1:
         raise FedcondError(
             f"{config.scenario} has no clusters (one population, each client's labels drawn by the partitioner): "
             f"set num-clusters=1 and clients-per-cluster to the number of clients (got num-clusters="
             f"{config.num_clusters})"
         )
-    dataset = load(config.dataset)
-    if config.scenario == "pathological" and config.classes_per_client > dataset.num_classes:
+    classes = dataset_spec(config.dataset).num_classes
+    if config.scenario == "pathological" and config.classes_per_client > classes:
         raise FedcondError(
-            f"classes-per-client={config.classes_per_client} is more than the {dataset.num_classes} classes of "
-            f"{dataset.name}; lower it"
+            f"classes-per-client={config.classes_per_client} is more than the {classes} classes of "
+            f"{config.dataset}; lower it"
         )
+
+
+def label_partitioned(load: Loader, config: RunConfig) -> Scenario:
+    """No clusters: every client's label mix drawn by the field's partitioners (flwr-datasets) from
+    one population. ``dirichlet``: each client's label proportions ~ Dir(``dirichlet-alpha``);
+    ``pathological``: ``classes-per-client`` classes each (assigned in turn, McMahan et al.'s split).
+    Held-out clients are drawn the same way. Test data follows each client's training label mix."""
+    check_unclustered(config)
+    dataset = load(config.dataset)
     builder = _Builder(config, load)
     train_pool = _subsample(builder._without_reserved(np.arange(len(dataset.train_y)), dataset.name),
                             config.data_fraction, builder.rng)  # fmt: skip
@@ -541,6 +547,7 @@ def validate_without_data(config: RunConfig) -> None:
 
     dataset_spec(config.dataset)
     check_scenario_name(config.scenario)
+    check_unclustered(config)
     held = DOMAIN_SOURCES if config.scenario == "domain" else (config.dataset,)
     check_encoder(config.fingerprint_encoder, held)
 
