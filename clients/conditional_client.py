@@ -23,6 +23,8 @@ from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, STEP, STEP_STATI
 from fedcond.privacy import private_fingerprint
 
 FINGERPRINT_KEY = "fingerprint"
+#: A drifted client's fingerprint of its new data (drift-fingerprint = "recompute"), computed once.
+DRIFTED_FINGERPRINT_KEY = "fingerprint-after-drift"
 
 
 class ConditionalClient(FedcondClient):
@@ -33,19 +35,23 @@ class ConditionalClient(FedcondClient):
     def raw_fingerprint(self) -> np.ndarray:
         """The fingerprint before normalisation: with ``fingerprint-epsilon``, noised once, here, and
         only the noisy vector kept (the ledger records the release)."""
-        if FINGERPRINT_KEY not in self.state.array_records:
-            vector = client_fingerprint(self.run_config, self.data)
+        recompute = self.drifted and self.run_config.drift_fingerprint == "recompute"
+        key = DRIFTED_FINGERPRINT_KEY if recompute else FINGERPRINT_KEY
+        # Stale (or before any drift): the fingerprint of its own data, whenever it is first computed.
+        data = self.data if recompute else self.own_data
+        if key not in self.state.array_records:
+            vector = client_fingerprint(self.run_config, data)
             if self.privacy.private_fingerprint and fp.fingerprint_spec(self.run_config.fingerprint).needs_data:
                 release = private_fingerprint(
-                    vector, self.run_config.fingerprint, self.data.train_x, self.data.train_y,
-                    self.data.num_classes, self.run_config.fingerprint_dim, self.privacy,
+                    vector, self.run_config.fingerprint, data.train_x, data.train_y,
+                    data.num_classes, self.run_config.fingerprint_dim, self.privacy,
                 )  # fmt: skip
                 vector = release.vector
                 ledger = self.privacy_ledger()
                 ledger.add(release.noise_multiplier, 1.0, 1)
                 self.save_privacy_ledger(ledger)
-            self.state.array_records[FINGERPRINT_KEY] = ArrayRecord(numpy_ndarrays=[vector])
-        return self.state.array_records[FINGERPRINT_KEY].to_numpy_ndarrays()[0]
+            self.state.array_records[key] = ArrayRecord(numpy_ndarrays=[vector])
+        return self.state.array_records[key].to_numpy_ndarrays()[0]
 
     def condition(self, round_config: dict[str, object]) -> np.ndarray | None:
         """The normalised fingerprint the model is fed."""

@@ -20,7 +20,7 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context
 
-from fedcond.client_data import ClientData, reuse_enabled
+from fedcond.client_data import ClientData, cached_client_data, reuse_enabled
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import (
@@ -42,6 +42,7 @@ from fedcond.model_store import CLIENT_STATE_DIR, ClientModelFiles
 from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_weights
 from fedcond.newcomers import NEWCOMER_STEPS, step_indices
 from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy
+from fedcond.scenarios import drift_partners_of
 from fedcond.training import DpSgd, ProximalTerm, TrainSettings, evaluate, train, train_private
 
 #: Every DP mechanism this client ran on its training data (fedcond.privacy.PrivacyLedger), in its state.
@@ -89,6 +90,9 @@ class FedcondClient(NumPyClient):
     def __init__(self, run_config: RunConfig, data: ClientData, context: Context) -> None:
         run_config = run_config.resolved()
         self.run_config = run_config
+        #: This client's own partition; ``data`` is what it holds in the round of the message at hand
+        #: (a drifting client holds its partner's from ``drift-round`` on: ``hold_round_data``).
+        self.own_data = data
         self.data = data
         self.state = context.state
         # With client-state-dir, the models this client keeps go to its own files instead of
@@ -200,12 +204,14 @@ class FedcondClient(NumPyClient):
     # -- Flower's entry points: a FedcondError becomes a one-line report, not a traceback ---------------
     def fit(self, parameters: list[np.ndarray], config: dict[str, object]) -> Fitted:
         try:
+            self.hold_round_data(config)
             return self.fit_instruction(parameters, config)
         except FedcondError as error:
             return [], 0, {ERROR: str(error)}
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, object]) -> Evaluated:
         try:
+            self.hold_round_data(config)
             if self.is_newcomer:
                 return self.evaluate_newcomer(parameters, config)
             return self.evaluate_round(parameters, config)
@@ -226,6 +232,22 @@ class FedcondClient(NumPyClient):
         raise FedcondError(
             f"unknown question {question.get(STEP)!r} before round 1; server and client run other fedcond versions"
         )
+
+    def hold_round_data(self, round_config: dict[str, object]) -> None:
+        """The data this client holds in the message's round: its own, or, if it drifts and the round is
+        ``drift-round`` or later, its partner's (``fedcond.drift``), under its own partition id."""
+        drift_round = self.run_config.drift_round
+        server_round = int(round_config.get(SERVER_ROUND, 0))
+        partner = drift_partners_of(self.run_config).get(self.own_data.partition_id) if drift_round else None
+        if partner is None or server_round < drift_round:
+            self.data = self.own_data
+            return
+        moved = cached_client_data(self.run_config, partner)
+        self.data = dataclasses.replace(moved, partition_id=self.own_data.partition_id)
+
+    @property
+    def drifted(self) -> bool:
+        return self.data is not self.own_data
 
     # -- federated rounds: what a method's client overrides --------------------------------------------
     def fit_instruction(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:

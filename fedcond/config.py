@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcond.conditioning import check_conditioning
+from fedcond.drift import check_drift
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import check_fingerprint
 
@@ -79,6 +80,18 @@ class RunConfig:
     )
     classes_per_client: int = setting(
         2, "scenario", "`pathological`: the classes each client holds (flwr-datasets), 1..the dataset's classes"
+    )
+    drift_fraction: float = setting(
+        0.0,
+        "scenario",
+        "the fraction of training clients that move to the next cluster's distribution at "
+        "drift-round ([newcomers.md](newcomers.md#drifting-clients)); 0 = none",
+    )
+    drift_round: int = setting(0, "scenario", "the round from which drifting clients hold their new data; 1..rounds")
+    drift_fingerprint: str = setting(
+        "recompute",
+        "scenario",
+        "conditioned methods at the drift: `recompute` the fingerprint on the new data or keep the `stale` one",
     )
     local_epochs: int = setting(
         0, "training", "local epochs per round; 0 = the dataset's default (Per-dataset training defaults, below)"
@@ -210,6 +223,7 @@ class RunConfig:
             raise FedcondError(f"dirichlet-alpha must be positive and finite (got {self.dirichlet_alpha})")
         if self.classes_per_client < 1:
             raise FedcondError(f"classes-per-client must be at least 1 (got {self.classes_per_client})")
+        check_drift(self.drift_fraction, self.drift_round, self.num_server_rounds, self.drift_fingerprint)
         if not 0 < self.data_fraction <= 1:
             raise FedcondError(f"data-fraction must be in (0, 1] (got {self.data_fraction})")
         if self.fingerprint_dim > MAX_FINGERPRINT_DIM:

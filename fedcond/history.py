@@ -28,9 +28,10 @@ HISTORY_COLUMNS = (
     "heldout_accuracy", "epsilon", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out",
     "worst_accuracy", "p10_accuracy", "accuracy_std",
     "heldout_worst_accuracy", "heldout_p10_accuracy", "heldout_accuracy_std", "heldout_adapted_accuracy",
+    "drifted_accuracy",
 )  # fmt: skip
 #: The fairness columns (fedcond.metrics.Spread), for the training clients and then the held-out ones.
-SPREAD_COLUMNS = HISTORY_COLUMNS[-7:-1]
+SPREAD_COLUMNS = HISTORY_COLUMNS[-8:-2]
 PACKAGES = ("fedcond", "flwr", "torch", "torchvision", "numpy", "scikit-learn", "ray")
 
 
@@ -71,6 +72,8 @@ class RoundRecord:
     # The held-out clients' accuracy after newcomer-steps local steps on the model they were served
     # (fedcond.newcomers), sample-weighted; NaN without newcomer-steps.
     heldout_adapted_accuracy: float = float("nan")
+    # The drifting clients' sample-weighted accuracy (fedcond.drift), every round; NaN without drift.
+    drifted_accuracy: float = float("nan")
 
     @staticmethod
     def columns(num_clusters: int) -> list[str]:

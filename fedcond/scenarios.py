@@ -17,6 +17,7 @@ import numpy as np
 
 from fedcond.config import RunConfig
 from fedcond.datasets import ImageDataset, dataset_spec, load_dataset
+from fedcond.drift import drift_partners
 from fedcond.errors import FedcondError
 
 MIN_TRAIN_SAMPLES_PER_CLIENT = 2
@@ -548,6 +549,11 @@ def validate_without_data(config: RunConfig) -> None:
     dataset_spec(config.dataset)
     check_scenario_name(config.scenario)
     check_unclustered(config)
+    if config.drift_fraction and (config.num_clusters < 2 or config.scenario in UNCLUSTERED_SCENARIOS):
+        raise FedcondError(
+            "drift-fraction moves clients to another cluster's distribution: it needs 2 clusters or more "
+            f"(num-clusters={config.num_clusters}, scenario {config.scenario})"
+        )
     held = DOMAIN_SOURCES if config.scenario == "domain" else (config.dataset,)
     check_encoder(config.fingerprint_encoder, held)
 
@@ -596,6 +602,15 @@ def forget_loaded_data() -> None:
 
     _cached_scenario.cache_clear()
     load_dataset.cache_clear()
+
+
+def drift_partners_of(config: RunConfig) -> dict[int, int]:
+    """Drifting training client -> whose data it holds from ``drift-round`` on (``fedcond.drift``)."""
+    if not config.drift_fraction:
+        return {}
+    scenario = scenario_for(config)
+    clusters = tuple(client.cluster for client in scenario.clients[: config.num_training_clients])
+    return drift_partners(config.seed, config.drift_fraction, clusters, scenario.num_clusters)
 
 
 def scenario_for(config: RunConfig) -> Scenario:

@@ -45,7 +45,7 @@ from fedcond.messages import (
 from fedcond.models import build_run_model, get_weights
 from fedcond.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundParticipation
 from fedcond.privacy import SampleLevelPrivacy
-from fedcond.scenarios import Scenario
+from fedcond.scenarios import Scenario, drift_partners_of
 from fedcond.secagg_settings import SecureAggregation
 from strategies.federation import NODE_TIMEOUT, ROUND_TIMEOUT, all_clients, message_timeout
 from strategies.membership import Membership, PartitionProxy
@@ -199,7 +199,10 @@ class FedcondStrategy(Strategy):
     def __init__(self, inputs: StrategyInputs) -> None:
         self.inputs = inputs
         config = inputs.config
-        self.tracker = RoundTracker(inputs.recorder, config.num_server_rounds, inputs.true_clusters, config.verbose)
+        drifting = frozenset(drift_partners_of(config)) if config.drift_round else frozenset()
+        self.tracker = RoundTracker(
+            inputs.recorder, config.num_server_rounds, inputs.true_clusters, config.verbose, drifting
+        )
         self.shared_config: dict[str, Scalar] = {}
         self.secure_sum_bytes = 0
         self.secure = SecureAggregation.of(config)
@@ -212,7 +215,8 @@ class FedcondStrategy(Strategy):
         self.fit_stream: StreamingAverage | None = None
         self._stream_lock = threading.Lock()
         # SecAgg+ hands the server no fit reply, only the sum: an evaluation cannot ride in one.
-        self.evaluates_in_fit = EVALUATE_IN_FIT.of(config) and not self.secure.model_updates
+        # A drift run scores each round's model on the data the clients hold in that round (fedcond.drift).
+        self.evaluates_in_fit = EVALUATE_IN_FIT.of(config) and not self.secure.model_updates and not config.drift_round
         #: This round's training clients (``strategies.sampling``).
         self.sampled: list[int] = list(self.training_partitions)
         #: The last round whose record was closed (``end_round``).

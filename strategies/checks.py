@@ -39,6 +39,11 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
         )
     check_newcomers(config, method)
     check_clusters_exist(config, method)
+    if config.drift_fraction and method.protocol == "pooled":
+        raise FedcondError(
+            f"{method.name} trains centrally on pooled data that never changes: drift-fraction applies to "
+            "federated methods; set drift-fraction=0 and drift-round=0"
+        )
     if method.strategy is not None:
         method.strategy.check(config)
     if method.conditioned:

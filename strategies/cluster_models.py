@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import ClientManager
 from sklearn.metrics import adjusted_rand_score
 
 from fedcond.aggregation import Model, average_per_group
 from fedcond.config import Option, RunConfig
+from fedcond.drift import cluster_at
 from fedcond.errors import FedcondError
 from fedcond.messages import CHOICE, EVALUATE_CHOICE, EVALUATE_FIRST
 from fedcond.participation import FIT
+from fedcond.scenarios import drift_partners_of
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 
 
@@ -81,6 +84,21 @@ class OracleStrategy(ClusterModels):
 
     def on_start(self) -> None:
         self.assignment = dict(enumerate(self.inputs.true_clusters))
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> Any:
+        # Oracle is told: from drift-round on, a drifting client is served (and averaged into) the cluster
+        # whose data it now holds (fedcond.drift). Set before this round's fit and evaluate instructions.
+        if self.inputs.config.drift_round:
+            self.assignment = self.assignment_at(server_round)
+        return super().configure_fit(server_round, parameters, client_manager)
+
+    def assignment_at(self, server_round: int) -> dict[int, int]:
+        """Each client's cluster in ``server_round``: its true one, or its drift partner's from drift-round on."""
+        config, clusters = self.inputs.config, self.inputs.true_clusters
+        partners = drift_partners_of(config)
+        return {
+            pid: cluster_at(pid, server_round, config.drift_round, partners, clusters) for pid in range(len(clusters))
+        }
 
     def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
         return self.model_of(partition_id)

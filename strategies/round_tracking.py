@@ -74,9 +74,16 @@ class RoundTracker:
     """
 
     def __init__(
-        self, recorder: RunRecorder | None, num_rounds: int, true_clusters: Sequence[int], verbose: bool = True
+        self,
+        recorder: RunRecorder | None,
+        num_rounds: int,
+        true_clusters: Sequence[int],
+        verbose: bool = True,
+        drifting: frozenset[int] = frozenset(),
     ) -> None:
         self.recorder = recorder
+        #: The training clients that drift (fedcond.drift): their accuracy is also recorded apart.
+        self.drifting = drifting
         self.true_clusters = tuple(true_clusters)
         self.num_rounds = num_rounds
         self.verbose = verbose
@@ -163,6 +170,7 @@ class RoundTracker:
             **(counts or {}),
             **Spread.of(self.evaluations(results)).as_fields(),
             **Spread.of(newcomers).as_fields("heldout_"),
+            drifted_accuracy=self.drifted_accuracy(results),
             heldout_adapted_accuracy=weighted_mean(
                 (float(res.metrics[ADAPTED_ACCURACY]), res.num_examples)
                 for _, res in held_out
@@ -192,6 +200,14 @@ class RoundTracker:
         self.pending = None
         self.record(record)
         return record
+
+    def drifted_accuracy(self, results: Sequence[tuple[int, EvaluateRes]]) -> float:
+        """The drifting clients' sample-weighted accuracy (NaN without drift)."""
+        if not self.drifting:
+            return float("nan")
+        return weighted_mean(
+            (float(res.metrics[ACCURACY]), res.num_examples) for pid, res in results if pid in self.drifting
+        )
 
     def record(self, record: RoundRecord) -> None:
         if self.recorder is not None:

@@ -44,7 +44,7 @@ METRIC_COLUMNS = (
 # Written when a run's history has them (added by later features); never required.
 OPTIONAL_METRIC_COLUMNS = (
     "heldout_accuracy", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out", *SPREAD_COLUMNS,
-    "heldout_adapted_accuracy",
+    "heldout_adapted_accuracy", "drifted_accuracy",
 )  # fmt: skip
 # Settings that say where a run lives, how chatty it is or where it resumes from, not what it computes.
 PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir", "resume")

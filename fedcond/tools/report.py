@@ -78,6 +78,8 @@ class MethodSummary:
     final_heldout_worst: float = math.nan
     #: The held-out clients' final accuracy after newcomer-steps local steps (NaN: not measured).
     final_heldout_adapted: float = math.nan
+    #: The drifting clients' final accuracy (NaN: no drift).
+    final_drifted: float = math.nan
 
 
 def _runs(rows: Iterable[Row]) -> dict[tuple[str, str], list[Row]]:
@@ -128,6 +130,7 @@ def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
                 final_heldout_adapted=_mean(
                     as_float(history[-1].get("heldout_adapted_accuracy", "")) for history in histories
                 ),
+                final_drifted=_mean(as_float(history[-1].get("drifted_accuracy", "")) for history in histories),
             )
         )
     return sorted(summaries, key=lambda s: -s.final_mean if math.isfinite(s.final_mean) else math.inf)
@@ -182,11 +185,12 @@ def summary_table(summaries: Sequence[MethodSummary], paper: Mapping[str, PaperM
     with_worst = any(math.isfinite(s.final_worst) for s in summaries)
     with_heldout_worst = any(math.isfinite(s.final_heldout_worst) for s in summaries)
     with_adapted = any(math.isfinite(s.final_heldout_adapted) for s in summaries)
+    with_drift = any(math.isfinite(s.final_drifted) for s in summaries)
     with_paper = _with_paper(paper)
     header = ["rank", "method", "seeds", "final accuracy"] + ["paper", "Δ vs paper"] * with_paper
     header += ["worst client"] * with_worst + ["best (round)", "wall s", "MB down", "MB up"]
     header += ["ARI"] * with_ari + ["held-out accuracy"] * with_heldout + ["worst held-out"] * with_heldout_worst
-    header += ["held-out after newcomer-steps"] * with_adapted
+    header += ["held-out after newcomer-steps"] * with_adapted + ["drifting clients"] * with_drift
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for rank, s in enumerate(summaries, start=1):
         cells = [
@@ -204,6 +208,7 @@ def summary_table(summaries: Sequence[MethodSummary], paper: Mapping[str, PaperM
         cells += [format_accuracy(s.final_ari)] * with_ari + [format_accuracy(s.final_heldout)] * with_heldout
         cells += [format_accuracy(s.final_heldout_worst)] * with_heldout_worst
         cells += [format_accuracy(s.final_heldout_adapted)] * with_adapted
+        cells += [format_accuracy(s.final_drifted)] * with_drift
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -308,10 +313,11 @@ def _figure():
 
 def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
     """Accuracy vs round, one line per method (mean over seeds), shaded min-max band across seeds;
-    dashed, the worst client's accuracy (mean over seeds) where the histories have it."""
+    dashed, the worst client's accuracy (mean over seeds) where the histories have it; dotted, the
+    drifting clients' (``drifted_accuracy``)."""
     plt = _figure()
     figure, axes = plt.subplots(figsize=(8, 5))
-    drawn_worst = False
+    drawn_worst = drawn_drift = False
     by_method: dict[str, list[list[Row]]] = defaultdict(list)
     for (method, _), history in _runs(rows).items():
         by_method[method].append(history)
@@ -328,11 +334,17 @@ def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
             drawn_worst = True
             mean_worst = [_mean(worst[:, r]) for r in range(rounds)]
             axes.plot(x, mean_worst, linestyle="--", linewidth=1, color=line.get_color())
+        drifted = np.array([[as_float(h[r].get("drifted_accuracy", "")) for r in range(rounds)] for h in histories])
+        if np.isfinite(drifted).any():  # the drifting clients (fedcond.drift), dotted
+            drawn_drift = True
+            axes.plot(x, [_mean(drifted[:, r]) for r in range(rounds)], linestyle=":", linewidth=1.5,
+                      color=line.get_color())  # fmt: skip
     from matplotlib.ticker import MaxNLocator
 
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("federated round")
-    axes.set_ylabel("mean client test accuracy" + (" (dashed: worst client)" if drawn_worst else ""))
+    notes = [*(["dashed: worst client"] * drawn_worst), *(["dotted: drifting clients"] * drawn_drift)]
+    axes.set_ylabel("mean client test accuracy" + (f" ({'; '.join(notes)})" if notes else ""))
     axes.set_ylim(0, 1)
     axes.grid(alpha=0.3)
     axes.set_title(title)
