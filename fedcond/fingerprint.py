@@ -222,7 +222,7 @@ class FingerprintSpec:
     #: Entries are variances (non-negative, spanning decades): ``log`` scaling fits them.
     spectral: bool = False
     #: Whether it reads the labels: one that does not (``eigen-x``) serves clients without labels, and
-    #: cannot tell apart clusters that differ only in their labels (``LABEL_ONLY_SCENARIOS``).
+    #: cannot tell apart clusters that differ only in their labels (``ScenarioKind.labels_only``).
     reads_labels: bool = True
 
 
@@ -280,16 +280,11 @@ def check_fingerprint(name: str, normalisation: str) -> None:
         )
 
 
-#: Scenarios whose clusters differ only in which label each image carries: a fingerprint that reads
-#: no labels is the same, in distribution, for every cluster there, so asking it to tell them apart
-#: is refused (``check_label_free``).
-LABEL_ONLY_SCENARIOS = ("concept-permutation",)
-
-
 def check_label_free(name: str, scenario: str) -> None:
-    """A fingerprint that reads no labels, asked to see clusters that differ only in their labels: refused."""
+    """Fingerprint ``name`` asked to tell apart ``scenario``'s clusters, which differ only in their
+    labels (``fedcond.scenarios.ScenarioKind.labels_only``): refused if it reads no labels."""
     spec = fingerprint_spec(name)
-    if spec.needs_data and not spec.reads_labels and scenario in LABEL_ONLY_SCENARIOS:
+    if spec.needs_data and not spec.reads_labels:
         raise FedcondError(
             f"fingerprint {name} reads no labels, and {scenario}'s clusters differ only in their labels (the "
             "images are the same): it cannot tell them apart; use a label-aware fingerprint (class-mean, "

@@ -470,7 +470,7 @@ def _matching_test_shares(
 
 def check_unclustered(config: RunConfig) -> None:
     """A partition without clusters takes one population: num-clusters 1 (before any data is read)."""
-    if config.scenario in UNCLUSTERED_SCENARIOS and config.num_clusters != 1:
+    if not scenario_kind(config.scenario).clustered and config.num_clusters != 1:
         raise FedcondError(
             f"{config.scenario} has no clusters (one population, each client's labels drawn by the partitioner): "
             f"set num-clusters=1 and clients-per-cluster to the number of clients (got num-clusters="
@@ -505,32 +505,46 @@ def label_partitioned(load: Loader, config: RunConfig) -> Scenario:
     return builder.scenario(config.scenario, dataset.name, dataset.num_classes)
 
 
-#: Scenarios without true clusters: nothing for Oracle (or a cluster-id control) to be told.
-UNCLUSTERED_SCENARIOS = ("dirichlet", "pathological")
+@dataclass(frozen=True)
+class ScenarioKind:
+    """One scenario of the table: how it splits the data, and what its clusters are (the checks that
+    refuse a method, a fingerprint or a drift a scenario cannot serve read these, nothing else)."""
 
-SCENARIOS: dict[str, Callable[[Loader, RunConfig], Scenario]] = {
-    "label-shift": label_shift,
-    "covariate-subclass": covariate_subclass,
-    "covariate-rotation": covariate_rotation,
-    "concept-semantic": concept_semantic,
-    "concept-permutation": concept_permutation,
-    "domain": domain,
-    "combined": combined,
-    "dirichlet": label_partitioned,
-    "pathological": label_partitioned,
+    build: Callable[[Loader, RunConfig], Scenario]
+    #: False: one population cut by a partitioner, no true clusters: nothing for Oracle or a
+    #: cluster-id control to be told, no other cluster for a client to drift to.
+    clustered: bool = True
+    #: True: every cluster holds the same images and the clusters differ only in their labels, so a
+    #: fingerprint that reads no labels is the same, in distribution, for each of them.
+    labels_only: bool = False
+
+
+SCENARIOS: dict[str, ScenarioKind] = {
+    "label-shift": ScenarioKind(label_shift),
+    "covariate-subclass": ScenarioKind(covariate_subclass),
+    "covariate-rotation": ScenarioKind(covariate_rotation),
+    "concept-semantic": ScenarioKind(concept_semantic),
+    "concept-permutation": ScenarioKind(concept_permutation, labels_only=True),
+    "domain": ScenarioKind(domain),
+    "combined": ScenarioKind(combined),
+    "dirichlet": ScenarioKind(label_partitioned, clustered=False),
+    "pathological": ScenarioKind(label_partitioned, clustered=False),
 }
+#: The scenarios without true clusters (from the table).
+UNCLUSTERED_SCENARIOS = tuple(name for name, kind in SCENARIOS.items() if not kind.clustered)
 
 
-def check_scenario_name(name: str) -> None:
+def scenario_kind(name: str) -> ScenarioKind:
+    """The table's entry for ``name``, or a one-line error listing the scenarios."""
     if name not in SCENARIOS:
         raise FedcondError(f"unknown scenario '{name}'; choose one of {', '.join(SCENARIOS)}")
+    return SCENARIOS[name]
 
 
 def build_scenario(config: RunConfig, load: Loader | None = None) -> Scenario:
     """Split the data as ``config.scenario`` says, checking every client gets enough of it."""
-    check_scenario_name(config.scenario)
     data_dir = config.resolved_data_dir()
-    scenario = SCENARIOS[config.scenario](load or (lambda name: load_dataset(name, data_dir)), config)
+    scenario = scenario_kind(config.scenario).build(load or (lambda name: load_dataset(name, data_dir)), config)
     for client in scenario.clients:
         too_few_train = len(client.train_indices) < MIN_TRAIN_SAMPLES_PER_CLIENT
         if too_few_train or len(client.test_indices) < MIN_TEST_SAMPLES_PER_CLIENT:
@@ -547,9 +561,9 @@ def validate_without_data(config: RunConfig) -> None:
     from fedcond.encoder import check_encoder
 
     dataset_spec(config.dataset)
-    check_scenario_name(config.scenario)
+    kind = scenario_kind(config.scenario)
     check_unclustered(config)
-    if config.drift_fraction and (config.num_clusters < 2 or config.scenario in UNCLUSTERED_SCENARIOS):
+    if config.drift_fraction and (config.num_clusters < 2 or not kind.clustered):
         raise FedcondError(
             "drift-fraction moves clients to another cluster's distribution: it needs 2 clusters or more "
             f"(num-clusters={config.num_clusters}, scenario {config.scenario})"

@@ -14,7 +14,7 @@ from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import check_label_free
 from fedcond.newcomers import NEWCOMER_STEPS
-from fedcond.scenarios import UNCLUSTERED_SCENARIOS, scenario_for, validate_without_data
+from fedcond.scenarios import scenario_for, scenario_kind, validate_without_data
 from strategies import client_dp
 from strategies.registry import Method, get_method, held_out_methods
 from strategies.sampling import check_sampling
@@ -46,7 +46,7 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
         )
     if method.strategy is not None:
         method.strategy.check(config)
-    if method.conditioned:
+    if method.conditioned and scenario_kind(config.scenario).labels_only:
         check_label_free(config.fingerprint, config.scenario)
     check_privacy(config, method)
     secure = secagg_settings.SecureAggregation.of(config)
@@ -60,9 +60,9 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
 
 
 def check_clusters_exist(config: RunConfig, method: Method) -> None:
-    """A scenario without true clusters (``UNCLUSTERED_SCENARIOS``) has nothing to tell Oracle or a
+    """A scenario without true clusters (``ScenarioKind.clustered``) has nothing to tell Oracle or a
     cluster-id control: refused in one line rather than run as FedAvg under another name."""
-    if config.scenario not in UNCLUSTERED_SCENARIOS:
+    if scenario_kind(config.scenario).clustered:
         return
     if method.needs_true_clusters:
         raise FedcondError(

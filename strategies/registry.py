@@ -140,21 +140,44 @@ def get_method(name: str) -> Method:
     return methods[name]
 
 
-#: Settings of a run rather than of a method, declared next to the code that reads them.
-RUN_OPTIONS = (RESUME,)
-#: Settings every method has that a client may read (its privacy, its secure aggregation).
-CLIENT_SHARED_OPTIONS = (*privacy.OPTIONS, *secagg_settings.OPTIONS, NEWCOMER_STEPS)
+@dataclass(frozen=True)
+class SharedOptions:
+    """Settings that belong to no one method: every federated method has them (or the run itself
+    does), each declared next to the code that reads it; ``topic`` is their heading in
+    docs/settings.md (fedcond.tools.settings)."""
+
+    topic: str
+    owner: str
+    options: tuple[Option, ...]
+
+
+EVERY_METHOD = "every federated method"
+#: The shared settings a ClientApp reads (its sample-level privacy, its secure aggregation, what a
+#: newcomer does): a client types and checks these, its own class's and the core settings.
+CLIENT_SHARED = (
+    SharedOptions("privacy", EVERY_METHOD, privacy.OPTIONS),
+    SharedOptions("secure-aggregation", EVERY_METHOD, secagg_settings.OPTIONS),
+    SharedOptions("newcomers", EVERY_METHOD, (NEWCOMER_STEPS,)),
+)
+CLIENT_SHARED_OPTIONS = tuple(option for group in CLIENT_SHARED for option in group.options)
+
+
+def shared_options() -> tuple[SharedOptions, ...]:
+    """Every shared setting: the clients' (``CLIENT_SHARED``), the server's client-level DP
+    (strategies.client_dp, imported here: a ClientApp never needs it) and the run's own (resume)."""
+    from strategies import client_dp
+
+    return (
+        *CLIENT_SHARED,
+        SharedOptions("privacy", EVERY_METHOD, client_dp.OPTIONS),
+        SharedOptions("resume", "the run", (RESUME,)),
+    )
 
 
 def declared_options() -> tuple[Option, ...]:
-    """Every method's options, each once (methods may share a class), the privacy settings every
-    federated method has (sample-level: fedcond.privacy; client-level: strategies.client_dp; secure
-    aggregation: fedcond.secagg_settings), and the run's own."""
-    from strategies import client_dp
-
+    """Every method's options, each once (methods may share a class), and every shared setting."""
     unique = {option.key: option for method in registry().values() for option in method.options}
-    shared = (*CLIENT_SHARED_OPTIONS, *client_dp.OPTIONS, *RUN_OPTIONS)
-    unique.update({option.key: option for option in shared})
+    unique.update({option.key: option for group in shared_options() for option in group.options})
     return tuple(unique.values())
 
 

@@ -49,12 +49,8 @@ class Setting:
 
 def settings() -> list[Setting]:
     """Every run-config key, in the order of ``TOPICS`` (within one, in declaration order)."""
-    from fedcond import privacy, secagg_settings
-    from fedcond.checkpoint import RESUME
-    from fedcond.newcomers import NEWCOMER_STEPS
-    from strategies import client_dp
     from strategies.base import FedcondStrategy
-    from strategies.registry import registry
+    from strategies.registry import registry, shared_options
 
     rows = [
         Setting(field.name.replace("_", "-"), field.default, field.metadata["topic"], "run", field.metadata["help"])
@@ -63,7 +59,8 @@ def settings() -> list[Setting]:
     ]
     owners: dict[str, list[str]] = {}
     options: dict[str, Option] = {}
-    protocol = {option.key for option in FedcondStrategy.protocol_options}
+    protocol_options = FedcondStrategy.protocol_options
+    protocol = {option.key for option in protocol_options}
     for method in registry().values():
         for option in method.options:
             if option.key not in protocol:
@@ -72,14 +69,10 @@ def settings() -> list[Setting]:
     rows += [
         Setting(key, o.default, "methods", ", ".join(dict.fromkeys(owners[key])), o.help) for key, o in options.items()
     ]
-    groups = (
-        ("protocol", "every federated method", FedcondStrategy.protocol_options),
-        ("privacy", "every federated method", (*privacy.OPTIONS, *client_dp.OPTIONS)),
-        ("secure-aggregation", "every federated method", secagg_settings.OPTIONS),
-        ("newcomers", "every federated method", (NEWCOMER_STEPS,)),
-        ("resume", "the run", (RESUME,)),
-    )
-    rows += [Setting(o.key, o.default, topic, owner, o.help) for topic, owner, group in groups for o in group]
+    rows += [Setting(o.key, o.default, "protocol", "every federated method", o.help) for o in protocol_options]
+    rows += [
+        Setting(o.key, o.default, group.topic, group.owner, o.help) for group in shared_options() for o in group.options
+    ]
     order = list(TOPICS)
     return sorted(rows, key=lambda row: order.index(row.topic))
 
