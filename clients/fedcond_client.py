@@ -270,8 +270,12 @@ class FedcondClient(NumPyClient):
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         set_weights(self.model, parameters)
-        loss = self.train_locally(self.model, round_config)
+        loss = self.train_locally(self.model, round_config, proximal=self.proximal_term(parameters))
         return get_weights(self.model), len(self.data.train_y), {TRAIN_LOSS: loss}
+
+    def proximal_term(self, parameters: list[np.ndarray]) -> ProximalTerm | None:
+        """A pull of the model being trained towards the model received (FedProx overrides it); none here."""
+        return None
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         set_weights(self.model, parameters)

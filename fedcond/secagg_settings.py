@@ -5,7 +5,7 @@ clients; strategies/secagg_workflow.py and clients/secagg_mod.py). Two kinds of 
 
 - the fingerprint statistics (sum of f, f^2 and a count) before round 1, always (fedcond.statistics_encoding);
 - with ``secure-aggregation = "secaggplus"``, every round's model update of the methods whose server
-  needs only the sample-weighted sum of the returned models (fedavg, conditional, ditto's global model).
+  needs only the sample-weighted sum of the returned models (fedavg, conditional, fedprox, ditto's global model).
 
 SecAgg+ quantises each value to an integer in [0, quantization-range) after clipping it to
 [-clipping-range, clipping-range], and sums modulo 2^32 (Flower's modulus): the sum of n clients'
@@ -29,7 +29,7 @@ SECURE_AGGREGATION = Option(
     "secure-aggregation",
     "none",
     "`none`, or `secaggplus`: every round's model update goes through Flower's SecAgg+, so the server sees only "
-    "the sample-weighted mean of the updates (fedavg, conditional, ditto; with client-dp only client-side)",
+    "the sample-weighted mean of the updates (fedavg, conditional, ditto, fedprox; with client-dp only client-side)",
 )
 SECAGG_NUM_SHARES = Option(
     "secagg-num-shares", 1.0, "SecAgg+: the fraction of a round's clients each client secret-shares its keys with",

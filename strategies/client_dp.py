@@ -51,7 +51,7 @@ CLIENT_DP = Option(
     "client-dp",
     "off",
     "client-level DP through Flower's wrappers: `off`, `server-side` or `client-side` clipping (fedavg, conditional, "
-    "ditto)",
+    "ditto, fedprox)",
 )
 CLIENT_DP_NOISE_MULTIPLIER = Option(
     "client-dp-noise-multiplier", 1.0, "client-level DP: noise std / clipping norm on the sum of updates", minimum=0
@@ -82,7 +82,7 @@ def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None) -
     check_delta(DP_DELTA.of(config))
     if strategy is None or not issubclass(strategy, FedcondFedAvg):
         raise FedcondError(
-            f"client-dp needs a server that averages one global model (fedavg, conditional, ditto); "
+            f"client-dp needs a server that averages one global model (fedavg, conditional, ditto, fedprox); "
             f"{config.method} does not: set client-dp=off"
         )
     model = build_run_model(config, dataset_spec(config.dataset).num_classes, conditioned=True)

@@ -53,6 +53,9 @@ class Method:
     #: A named variant: the method it runs (``variant_of``) and the settings it fixes on top of it.
     variant_of: str = ""
     fixed_settings: tuple[tuple[str, Any], ...] = ()
+    #: Not in the paper's comparison: a method of the field a reviewer asks about (docs/baselines.md).
+    #: ``--methods competitors`` names these; ``all`` stays the paper's eight.
+    competitor: bool = False
 
     @property
     def client(self) -> type[FedcondClient] | None:
@@ -126,6 +129,9 @@ def registry() -> dict[str, Method]:
                "strategies.peer:GossipStrategy"),
         Method("dac", "averaging with the top-k cosine-similar peers", "clients.dac_client:DacClient",
                "strategies.peer:DacStrategy"),
+        # Beyond the paper: the competitors a reviewer asks about (docs/baselines.md).
+        Method("fedprox", "FedAvg with each client's training pulled towards the global model",
+               "clients.fedprox_client:FedProxClient", FEDAVG, competitor=True),
         # The paper's own protocol, centrally pooled (a reference, not a federated method): fedcond.pooled.
         *(Method(name, spec.summary, None, None, "pooled", spec.conditioned) for name, spec in POOLED_METHODS.items()),
     )  # fmt: skip
@@ -218,19 +224,34 @@ def with_variant_settings(mapping: Mapping[str, Any], explicit: Mapping[str, Any
     return {**mapping, **dict(method.fixed_settings)}
 
 
+#: What ``--methods`` (and a grid's ``method``) may name besides single methods.
+METHOD_SELECTIONS = ("all", "variants", "competitors", "pooled")
+
+
 def method_names(selection: str) -> list[str]:
     """``all``: every federated method of the paper's comparison; ``variants``: our named variants;
-    ``pooled``: the pooled reference family."""
+    ``competitors``: the field's methods beyond the paper's; ``pooled``: the pooled reference family."""
+    methods = registry().items()
     if selection == "variants":
-        return [name for name, method in registry().items() if method.variant_of]
+        return [name for name, method in methods if method.variant_of]
+    if selection == "competitors":
+        return [name for name, method in methods if method.competitor]
     protocol = "pooled" if selection == "pooled" else "federated"
-    return [name for name, method in registry().items() if method.protocol == protocol and not method.variant_of]
+    return [
+        name for name, method in methods
+        if method.protocol == protocol and not method.variant_of and not method.competitor
+    ]  # fmt: skip
+
+
+def flower_method_names() -> list[str]:
+    """Every method Flower runs: the paper's, our variants and the competitors (what end-to-end tests
+    parametrise over, so that a new method gets them)."""
+    return [*method_names("all"), *method_names("variants"), *method_names("competitors")]
 
 
 def held_out_methods() -> list[str]:
     """Federated methods (variants too) under which a client that never trains has a model to evaluate."""
-    names = [*method_names("all"), *method_names("variants")]
-    return [name for name in names if registry()[name].serves_held_out_clients]
+    return [name for name in flower_method_names() if registry()[name].serves_held_out_clients]
 
 
 def federated(method: Method) -> tuple[type[FedcondClient], type[FedcondStrategy]]:

@@ -20,7 +20,7 @@ from tests.test_datasets import write_fake_mnist
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        (["method=fedprox"], "unknown method 'fedprox'"),
+        (["method=scaffold"], "unknown method 'scaffold'"),
         (["dataset=cifar7"], "unknown dataset 'cifar7'"),
         (["scenario=drift"], "unknown scenario 'drift'"),
         (["num-clusters=11"], "lower num-clusters"),

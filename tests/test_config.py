@@ -105,8 +105,8 @@ def test_method_options_refuse_non_finite_numbers():
 
 
 def test_unknown_method_dataset_and_scenario():
-    with pytest.raises(FedcondError, match="unknown method 'fedprox'; choose one of fedavg, conditional"):
-        get_method("fedprox")
+    with pytest.raises(FedcondError, match="unknown method 'scaffold'; choose one of fedavg, conditional"):
+        get_method("scaffold")
     with pytest.raises(FedcondError, match="unknown dataset 'cifar7'"):
         validate_without_data(RunConfig(dataset="cifar7"))
     with pytest.raises(FedcondError, match="unknown scenario 'drift'"):
@@ -123,11 +123,11 @@ def test_cli_assignments_parse_toml_literals():
 
 def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless(monkeypatch):
     from strategies.local import LocalStrategy
-    from strategies.registry import method_names
+    from strategies.registry import flower_method_names
 
     config = RunConfig(num_clusters=2, clients_per_cluster=3, held_out_clients=1)
     assert (config.num_clients, config.num_training_clients) == (8, 6)
-    for method in method_names("all"):  # every method has a rule for a newcomer (fedcond.newcomers)
+    for method in flower_method_names():  # every method has a rule for a newcomer (fedcond.newcomers)
         check_run(config.replace(method=method))
     # A method without one (a future method's strategy that says so) is refused in one line.
     monkeypatch.setattr(LocalStrategy, "serves_held_out_clients", False)

@@ -129,6 +129,7 @@ NEWCOMER_RULES = {
     "conditional": "global model, fed its own fingerprint",
     "recommended": "global model, fed its own fingerprint",
     "ditto": "global model (it has no personal model)",
+    "fedprox": "global model",
     "oracle": "its true cluster's model (tested with Oracle's averaging above)",
     "ifca": "the cluster model with the lowest loss on its training data",
     "local": "a model of its own, untrained until newcomer-steps train it",
@@ -179,6 +180,24 @@ def test_ditto_returns_the_global_model_and_is_evaluated_with_its_personal_one()
     _, _, ditto_metrics = ditto.evaluate(useless, round_config)
     assert global_metrics["accuracy"] == 0.0
     assert ditto_metrics["accuracy"] > 0.3  # its personal model, trained for ditto-personal-epochs
+
+
+def test_fedprox_pulls_each_clients_training_towards_the_model_it_received():
+    """Li et al. 2020, Algorithm 2 line 4: min F_k(w) + (mu / 2) ||w - w^t||^2. mu = 0 is FedAvg's
+    client exactly; a larger mu ends nearer w^t, the model as received."""
+    fedavg = client_of("fedavg", 2)
+    start = get_weights(fedavg.fresh_model())
+    start[-1] = start[-1] + 0.5  # w^t unlike the seeded initial model, so the anchor must be what arrived
+    round_config = {SERVER_ROUND: 1}
+
+    def distance_travelled(client) -> float:
+        returned, _, _ = client.fit([array.copy() for array in start], round_config)
+        return float(np.sqrt(sum(np.sum((got - sent) ** 2) for got, sent in zip(returned, start, strict=True))))
+
+    without_pull = distance_travelled(fedavg)
+    assert distance_travelled(client_of("fedprox", 2, options=(("fedprox-mu", 0.0),))) == without_pull
+    pulled = distance_travelled(client_of("fedprox", 2, options=(("fedprox-mu", 10.0),)))
+    assert pulled < 0.8 * without_pull, (pulled, without_pull)
 
 
 @pytest.mark.parametrize("method", ["conditional", "recommended"])

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from fedcond.config import RunConfig
-from strategies.registry import get_method, method_names, run_config
+from strategies.registry import flower_method_names, get_method, run_config
 from tests.in_process import run_in_process
 
 # Every federated method of the registry and every named variant: a new method is compared too.
-METHODS = [*method_names("all"), *method_names("variants")]
+METHODS = flower_method_names()
 ROUNDS = 3
 # What the protocol itself changes: time, and the evaluate messages' downloads that no longer happen.
 PROTOCOL_COLUMNS = {"seconds", "elapsed_seconds", "bytes_down"}

@@ -9,7 +9,7 @@ import pytest
 
 from fedcond.config import RunConfig
 from fedcond.scenarios import SCENARIOS
-from strategies.registry import get_method, method_names, registry, run_config
+from strategies.registry import flower_method_names, get_method, registry, run_config
 from strategies.simulation import simulate
 from tests.faults import FIT, HANG, RAISE, REPORT, Fault
 
@@ -22,7 +22,7 @@ def read_history(results: Path) -> tuple[list[dict[str, str]], dict]:
 
 
 # Every federated method of the registry and every named variant: a new method gets this test.
-METHODS = [*method_names("all"), *method_names("variants")]
+METHODS = flower_method_names()
 
 
 @pytest.mark.slow

@@ -390,7 +390,9 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
     compare_parser.add_argument("--clients-per-cluster", type=int, metavar="N")
     compare_parser.add_argument("--rounds", type=int, metavar="R", help="federated rounds (num-server-rounds)")
     compare_parser.add_argument(
-        "--methods", default="all", help="comma-separated method names, or all (default), variants, pooled"
+        "--methods",
+        default="all",
+        help="comma-separated method names, or all (default: the paper's eight), variants, competitors, pooled",
     )
     compare_parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     compare_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")

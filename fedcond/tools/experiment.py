@@ -121,7 +121,7 @@ def expand_methods(values: Sequence[Any] | str) -> list[Any]:
     A method value may also be a bundle, ``{ label = "recommended", method = "conditional",
     fingerprint = "class-mean", ... }``: a named variant whose label is its name in every table.
     """
-    from strategies.registry import get_method, method_names
+    from strategies.registry import METHOD_SELECTIONS, get_method, method_names
 
     entries = [values] if isinstance(values, str) else list(values)
     expanded: list[Any] = []
@@ -131,7 +131,7 @@ def expand_methods(values: Sequence[Any] | str) -> list[Any]:
                 raise FedcondError(f"a method bundle needs 'label' and 'method' keys, got {dict(entry)}")
             get_method(str(entry["method"]))
             expanded.append(dict(entry))
-        elif str(entry) in ("all", "variants", "pooled"):
+        elif str(entry) in METHOD_SELECTIONS:
             expanded += [name for name in method_names(str(entry)) if name not in expanded]
         else:
             get_method(str(entry))  # unknown names stop here with the list of known ones
