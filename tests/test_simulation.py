@@ -147,6 +147,7 @@ FAMILIES = [
     ("gossip", Fault(1, 2, FIT, RAISE), "failed", "injected fault: partition 1 round 2 fit"),
     ("local", Fault(0, 2, FIT, RAISE), "failed", "injected fault: partition 0 round 2 fit"),
     ("fedavg", Fault(2, 2, FIT, REPORT), "failed", "injected fault: partition 2 round 2 fit"),
+    ("fedprox", Fault(1, 2, FIT, RAISE), "failed", "injected fault: partition 1 round 2 fit"),
 ]
 
 
