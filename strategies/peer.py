@@ -21,7 +21,6 @@ from fedcond.newcomers import random_peer
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 from strategies.round_tracking import parameters_bytes
 
-NEIGHBOURS = DAC_NEIGHBOURS
 
 
 class PeerToPeer(FedcondStrategy):
@@ -121,7 +120,7 @@ class DacStrategy(PeerToPeer):
     answered. Default k = 3.
     """
 
-    options = (*PeerToPeer.options, NEIGHBOURS)
+    options = (*PeerToPeer.options, DAC_NEIGHBOURS)
 
     def newcomer_parameters(self, partition_id: int) -> Parameters:
         """Every training client's model, one after another: the newcomer averages the ones with the
@@ -129,5 +128,5 @@ class DacStrategy(PeerToPeer):
         return ndarrays_to_parameters([array for pid in self.training_partitions for array in self.models[pid]])
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
-        neighbours = top_k_neighbours(cosine_similarities(models), NEIGHBOURS.of(self.inputs.config))
+        neighbours = top_k_neighbours(cosine_similarities(models), DAC_NEIGHBOURS.of(self.inputs.config))
         return neighbourhood_average(models, neighbours), sum(len(chosen) for chosen in neighbours)
