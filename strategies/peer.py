@@ -22,7 +22,6 @@ from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 from strategies.round_tracking import parameters_bytes
 
 
-
 class PeerToPeer(FedcondStrategy):
     """Every client owns a model, held here only to simulate the network; each client receives
     its own. After local training, ``mix`` lets the clients that answered exchange models; a client
