@@ -79,9 +79,9 @@ class FedcondClient(NumPyClient):
 
     #: Run-config settings of this client behaviour, declared here rather than in a central list.
     options: ClassVar[tuple[Option, ...]] = ()
-    #: Whether everything this client sends that depends on its training data comes out of
-    #: ``train_locally`` (or the fingerprint): what DP-SGD's guarantee needs.
-    releases_only_trained_models: ClassVar[bool] = True
+    #: What else this client sends that depends on its training data, beyond what ``train_locally``
+    #: (or the fingerprint) makes: DP-SGD's guarantee covers none of it ("": nothing else).
+    released_beyond_training: ClassVar[str] = ""
     #: What this client keeps in ``context.state`` that a resumed run does not get back (a resume is
     #: a new Flower run, whose ``context.state`` starts empty); empty when nothing is lost (the
     #: fingerprint is computed again from the same data, SecAgg+'s keys live one aggregation).

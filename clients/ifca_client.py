@@ -20,8 +20,7 @@ class IfcaClient(FedcondClient):
     one it would choose.
     """
 
-    # The choice is the argmin of K losses on the training data, sent as it is: DP-SGD does not cover it.
-    releases_only_trained_models = False
+    released_beyond_training = "the choice of the model with the lowest loss on their training data"
 
     def split_models(self, parameters: list[np.ndarray]) -> list[list[np.ndarray]]:
         per_model = len(self.model.state_dict())

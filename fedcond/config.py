@@ -53,7 +53,7 @@ class RunConfig:
         "conditional",
         "run",
         "the method: `fedcond list` shows them (the paper's eight, named variants such as "
-        "`recommended`, the pooled references)",
+        "`recommended`, the competitors of [baselines.md](baselines.md), the pooled references)",
     )
     dataset: str = setting(
         "digits", "run", "`digits`, `mnist`, `fashion-mnist`, `cifar10`, `cifar100` ([data.md](data.md))"

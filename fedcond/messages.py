@@ -16,6 +16,9 @@ STEP = "fedcond-step"
 STEP_IDENTITY = "identity"
 #: Before round 1: the fingerprint statistics through SecAgg+ (a training instruction with this step).
 STEP_STATISTICS = "fingerprint-statistics"
+#: Before round 1: a descriptor-clustering client's descriptor of its training data (sent in the clear).
+STEP_DESCRIPTOR = "descriptor"
+DESCRIPTOR = "descriptor"
 SERVER_ROUND = "server-round"
 FINGERPRINT_MEAN = "fingerprint-mean"
 FINGERPRINT_STD = "fingerprint-std"

@@ -111,10 +111,11 @@ def check_privacy(config: RunConfig, method: Method) -> None:
             f"{method.name} trains centrally on pooled data: the DP settings (dp-noise-multiplier, "
             "fingerprint-epsilon, client-dp) apply to federated methods only; set them to 0 / off"
         )
-    if sample_level.dp_sgd and method.client is not None and not method.client.releases_only_trained_models:
+    if sample_level.dp_sgd and method.client is not None and method.client.released_beyond_training:
         raise FedcondError(
-            f"dp-noise-multiplier cannot make {method.name} private: its clients also send a choice computed "
-            "from their training data, which DP-SGD does not cover; set dp-noise-multiplier=0 or pick another method"
+            f"dp-noise-multiplier cannot make {method.name} private: its clients also send "
+            f"{method.client.released_beyond_training}, which DP-SGD does not cover; set dp-noise-multiplier=0 or "
+            "pick another method"
         )
     if sample_level.enabled and resume_folder(config) is not None:
         raise FedcondError(

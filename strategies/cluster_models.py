@@ -4,18 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from sklearn.metrics import adjusted_rand_score
 
 from fedcond.aggregation import Model, average_per_group
 from fedcond.config import Option, RunConfig
+from fedcond.descriptor_clustering import DescriptorClusters, cluster_descriptors
 from fedcond.drift import cluster_at
 from fedcond.errors import FedcondError
-from fedcond.messages import CHOICE, EVALUATE_CHOICE, EVALUATE_FIRST
+from fedcond.messages import (
+    CHOICE,
+    DESCRIPTOR,
+    EVALUATE_CHOICE,
+    EVALUATE_FIRST,
+    STEP,
+    STEP_DESCRIPTOR,
+    array_from_bytes,
+)
 from fedcond.participation import FIT
 from fedcond.scenarios import drift_partners_of
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
+from strategies.federation import ask_all, message_timeout
 
 
 class ClusterModels(FedcondStrategy):
@@ -37,11 +48,15 @@ class ClusterModels(FedcondStrategy):
     def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
         return self.model_of(partition_id)
 
+    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        return self.model_of(partition_id)
+
     def answer_floor(self) -> int:
         return len(self.models)
 
     def groups(self, results: list[tuple[int, FitRes]]) -> list[int]:
-        raise NotImplementedError
+        """Each reply's model: its client's assignment (IFCA: the client's own choice)."""
+        return [self.assignment[partition] for partition, _ in results]
 
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         groups = self.groups(results)
@@ -99,12 +114,6 @@ class OracleStrategy(ClusterModels):
         return {
             pid: cluster_at(pid, server_round, config.drift_round, partners, clusters) for pid in range(len(clusters))
         }
-
-    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        return self.model_of(partition_id)
-
-    def groups(self, results: list[tuple[int, FitRes]]) -> list[int]:
-        return [self.assignment[partition] for partition, _ in results]
 
 
 IFCA_MODELS = Option(
@@ -176,3 +185,110 @@ class IfcaStrategy(ClusterModels):
         truth = [self.inputs.true_clusters[partition] for partition, _ in results]  # the server's scenario
         self.tracker.set_ari(float(adjusted_rand_score(truth, choices)))
         return choices
+
+
+DESCRIPTOR_EPS = Option(
+    "descriptor-eps", 0.0,
+    "descriptor clustering: DBSCAN's radius over the standardised descriptors; 0 = adaptive (the widest jump of "
+    "the minimum spanning tree's edges, docs/baselines.md)",
+    minimum=0,
+)  # fmt: skip
+DESCRIPTOR_MIN_SAMPLES = Option(
+    "descriptor-min-samples", 2, "descriptor clustering: DBSCAN's min_samples (the client itself counts)", minimum=1
+)
+
+
+class DescriptorClusteringStrategy(ClusterModels):
+    """Descriptor clustering in the style of FLUX (Fenoglio et al., NeurIPS 2025): before round 1 every
+    client, newcomers included, sends a descriptor of its training data (``clients.descriptor_client``);
+    the server clusters the training clients' descriptors with DBSCAN, which finds K itself
+    (``fedcond.descriptor_clustering``), then runs FedAvg within each cluster found (as Oracle does within
+    the true ones). A newcomer is served the model of the cluster whose centroid is nearest to its
+    descriptor (FLUX's test-time assignment; label-free with ``fingerprint = "eigen-x"``). The clusters
+    are found once: a drifting client keeps its cluster. FLUX's descriptors are latent means and
+    covariances of a model being trained; ours are the run's fingerprint, the statistics Conditional is
+    fed, so that the two ask the same question of the same numbers (docs/baselines.md). The Adjusted Rand
+    Index against the true clusters (the server's scenario, never sent) is recorded every round.
+    """
+
+    serves_held_out_clients = True
+    options = (DESCRIPTOR_EPS, DESCRIPTOR_MIN_SAMPLES)
+    secure_aggregation_refusal = (
+        "descriptor clustering's server clusters every client's descriptor, which it must see in the clear, "
+        "and averages within each cluster it found"
+    )
+
+    def __init__(self, inputs: StrategyInputs) -> None:
+        super().__init__(inputs, [])  # one model per cluster found, before round 1 (``set_up``)
+        self.found: DescriptorClusters | None = None
+
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        from fedcond import fingerprint as fp
+        from fedcond.privacy import FINGERPRINT_EPSILON
+        from fedcond.scenarios import scenario_kind
+
+        if not fp.fingerprint_spec(config.fingerprint).needs_data:
+            raise FedcondError(
+                f"descriptor clustering clusters what clients send about their data, and fingerprint "
+                f"{config.fingerprint} describes none; choose a fingerprint computed from the data (eigen, eigen-x, "
+                "class-mean, label-cov, class-eigen)"
+            )
+        if scenario_kind(config.scenario).labels_only:
+            fp.check_label_free(config.fingerprint, config.scenario)
+        if FINGERPRINT_EPSILON.of(config):
+            raise FedcondError(
+                "fingerprint-epsilon noises the fingerprint a Conditional client keeps to itself; descriptor "
+                "clustering sends its descriptor unnoised: set fingerprint-epsilon=0"
+            )
+
+    def set_up(self, client_manager: ClientManager) -> None:
+        config = self.inputs.config
+        partitions = range(config.num_clients)  # newcomers too: each is placed by its own descriptor
+        answers = ask_all([self.membership.node_of[pid] for pid in partitions], {STEP: STEP_DESCRIPTOR},
+                          message_timeout(config))  # fmt: skip
+        self.place([array_from_bytes(answer.get(DESCRIPTOR), DESCRIPTOR) for answer in answers])
+        found = self.found
+        assert found is not None
+        sizes = [found.labels.count(cluster) for cluster in range(found.count)]
+        ari = float(adjusted_rand_score(self.inputs.true_clusters[: config.num_training_clients], found.labels))
+        if self.inputs.recorder is not None:
+            self.inputs.recorder.add_events("descriptor-clustering", [{
+                "clusters": found.count, "sizes": sizes, "eps": found.eps, "noise": found.noise, "ari": ari,
+                "descriptor_bytes": sum(len(answer[DESCRIPTOR]) for answer in answers),  # type: ignore[arg-type]
+            }])  # fmt: skip
+        if config.verbose:
+            print(f"descriptor clustering: {found.count} cluster(s) of {sizes} clients (eps {found.eps:.3g}, "
+                  f"{found.noise} noise), ARI {ari:.3f} against the true clusters")  # fmt: skip
+
+    def place(self, descriptors: list[np.ndarray]) -> None:
+        """Cluster the training clients' descriptors (partition order) and place every client, newcomers
+        (the partitions after them) at the nearest centroid."""
+        config = self.inputs.config
+        training = np.stack(descriptors[: config.num_training_clients])
+        self.found = cluster_descriptors(training, DESCRIPTOR_EPS.of(config), DESCRIPTOR_MIN_SAMPLES.of(config))
+        held_out = range(config.num_training_clients, config.num_clients)
+        self.assignment = {
+            **dict(enumerate(self.found.labels)), **{pid: self.found.assign(descriptors[pid]) for pid in held_out}
+        }  # fmt: skip
+
+    def on_start(self) -> None:
+        if self.found is not None:  # a new run: one model per cluster found (a resumed run's come with its state)
+            self.models = [initial_weights(self.inputs) for _ in range(self.found.count)]
+            self.record_ari()
+
+    def record_ari(self) -> None:
+        assert self.found is not None
+        truth = self.inputs.true_clusters[: self.inputs.config.num_training_clients]
+        self.tracker.set_ari(float(adjusted_rand_score(truth, self.found.labels)))
+
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        models, values = super().state()
+        assert self.found is not None
+        return models, {**values, "descriptor-clusters": self.found.as_json()}
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        self.found = DescriptorClusters.from_json(values["descriptor-clusters"])
+        self.models = [[] for _ in range(self.found.count)]  # filled by ClusterModels.load_state
+        super().load_state(models, values)
+        self.record_ari()

@@ -132,6 +132,9 @@ def registry() -> dict[str, Method]:
         # Beyond the paper: the competitors a reviewer asks about (docs/baselines.md).
         Method("fedprox", "FedAvg with each client's training pulled towards the global model",
                "clients.fedprox_client:FedProxClient", FEDAVG, competitor=True),
+        Method("descriptor-clustering", "one model per cluster DBSCAN finds in the clients' descriptors (K not given)",
+               "clients.descriptor_client:DescriptorClient", "strategies.cluster_models:DescriptorClusteringStrategy",
+               competitor=True),
         # The paper's own protocol, centrally pooled (a reference, not a federated method): fedcond.pooled.
         *(Method(name, spec.summary, None, None, "pooled", spec.conditioned) for name, spec in POOLED_METHODS.items()),
     )  # fmt: skip

@@ -28,6 +28,7 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
         "secure-aggregation", "secagg-num-shares", "secagg-reconstruction-threshold", "secagg-clipping-range",
         "secagg-quantization-range", "secagg-min-clients",
         "client-state-dir", "client-models-memory-mb",  # per-client models outside memory (fedcond.model_store)
+        "fedprox-mu", "descriptor-eps", "descriptor-min-samples",  # the competitors (docs/baselines.md)
         "newcomer-steps",  # held-out clients' adaptation (fedcond.newcomers)
         "ifca-models",  # IFCA's K where it is not the true number of clusters (partitions without clusters)
     }  # fmt: skip

@@ -135,6 +135,8 @@ NEWCOMER_RULES = {
     "local": "a model of its own, untrained until newcomer-steps train it",
     "gossip": "one random training client's model, drawn anew each round",
     "dac": "the average of the dac-neighbours models with the lowest loss on its training data",
+    # Tested in tests/test_descriptor_clustering.py (it is Oracle when its clusters are the true ones).
+    "descriptor-clustering": "the model of the cluster whose centroid is nearest its descriptor",
 }
 
 

@@ -306,7 +306,8 @@ def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"method": "ifca", "dp-noise-multiplier": 1.0}, "also send a choice"),
+        ({"method": "ifca", "dp-noise-multiplier": 1.0}, "also send the choice of the model with the lowest loss"),
+        ({"method": "descriptor-clustering", "dp-noise-multiplier": 1.0}, "also send a descriptor of their training"),
         ({"method": "fedavg", "dataset": "cifar10", "dp-noise-multiplier": 1.0}, "BatchNorm"),
         ({"dp-noise-multiplier": 1.0}, "needs fingerprint-epsilon > 0"),
         ({"method": "fedavg", "fingerprint-epsilon": 1.0}, "feeds no fingerprint"),

@@ -327,7 +327,7 @@ def methods_with_server_state() -> list[str]:
 
 
 def test_the_methods_with_server_state_are_the_per_client_and_per_cluster_ones():
-    assert set(methods_with_server_state()) == {"oracle", "ifca", "gossip", "dac"}
+    assert set(methods_with_server_state()) == {"oracle", "ifca", "gossip", "dac", "descriptor-clustering"}
 
 
 @pytest.mark.parametrize("method", methods_with_server_state())
@@ -347,6 +347,8 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     strategy_class = get_method(method).strategy
     inputs = StrategyInputs(config, 10, get_method(method).conditioned, None, scenario=scenario_for(config))
     before = strategy_class(inputs)
+    if method == "descriptor-clustering":  # its exchange before round 1 (the clients' descriptors), given here
+        before.place([np.array([0.0, 0.0]), np.array([0.1, 0.0]), np.array([5.0, 1.0]), np.array([5.1, 1.0])])
     before.on_start()
     rng = np.random.default_rng(0)
     shapes = [array.shape for array in initial_weights(inputs)]

@@ -526,11 +526,12 @@ def list_choices() -> int:
     from strategies.registry import registry
 
     methods = registry().values()
-    print("methods:   " + ", ".join(f"{m.name} ({m.summary})" for m in methods if not m.variant_of))
+    print("methods:   " + ", ".join(f"{m.name} ({m.summary})" for m in methods if not (m.variant_of or m.competitor)))
     print("variants:  " + ", ".join(
         f"{m.name} (= {m.variant_of} with " + " ".join(f"{key}={value}" for key, value in m.fixed_settings) + ")"
         for m in methods if m.variant_of
     ))  # fmt: skip
+    print("competitors: " + ", ".join(f"{m.name} ({m.summary})" for m in methods if m.competitor))
     print("datasets:  " + ", ".join(DATASETS))
     print("scenarios: " + ", ".join(SCENARIOS))
     print("fingerprints: " + ", ".join(FINGERPRINTS) + "; conditionings: " + ", ".join(MECHANISMS))
