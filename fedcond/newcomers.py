@@ -4,12 +4,13 @@ A held-out client (``held-out-clients`` per cluster) stands for a client that jo
 each round it scores, on its own test data, the model its method would give it, untouched (zero-shot:
 ``heldout_accuracy``), and with ``newcomer-steps = k`` also that model after k SGD steps on its own
 training data (``heldout_adapted_accuracy``), the same k for every method so that the comparison is
-fair. Each method's rule (docs/newcomers.md): FedAvg and Ditto the global model, Conditional the
+fair. Each method's rule (docs/newcomers.md): FedAvg, FedProx and Ditto the global model, Conditional the
 global model fed the newcomer's own fingerprint, Oracle its true cluster's model, IFCA the cluster
 model with the lowest loss on the newcomer's training data, Local a model of its own (untrained:
 only the k steps teach it), Gossip a random training client's model (its one random peer), DAC the
 uniform average of the ``dac-neighbours`` training clients' models with the lowest loss on the
-newcomer's training data (DAC's similarity for a client with no model of its own to compare).
+newcomer's training data (DAC's similarity for a client with no model of its own to compare),
+descriptor clustering the model of the cluster nearest the descriptor it sends before round 1.
 """
 
 from __future__ import annotations
