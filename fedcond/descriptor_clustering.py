@@ -51,8 +51,7 @@ class DescriptorClusters:
 
     def assign(self, descriptor: np.ndarray) -> int:
         """The cluster whose centroid is nearest to ``descriptor`` (standardised as the training ones)."""
-        point = (np.asarray(descriptor, dtype=np.float64) - self.mean) / self.std
-        return int(np.argmin(np.linalg.norm(self.centroids - point, axis=1)))
+        return nearest(self.centroids, (np.asarray(descriptor, dtype=np.float64) - self.mean) / self.std)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -67,6 +66,11 @@ class DescriptorClusters:
             np.asarray(values["centroids"], dtype=np.float64), np.asarray(values["mean"], dtype=np.float64),
             np.asarray(values["std"], dtype=np.float64), float(values["eps"]), int(values["noise"]),  # type: ignore[arg-type]
         )  # fmt: skip
+
+
+def nearest(centroids: np.ndarray, point: np.ndarray) -> int:
+    """The index of the centroid nearest to ``point`` (Euclidean, in the standardised space)."""
+    return int(np.argmin(np.linalg.norm(centroids - point, axis=1)))
 
 
 def standardised(descriptors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -123,7 +127,7 @@ def cluster_descriptors(descriptors: np.ndarray, eps: float = 0.0, min_samples: 
         )
     centroids = np.stack([points[found == cluster].mean(axis=0) for cluster in clusters])
     labels = [
-        clusters.index(label) if label != -1 else int(np.argmin(np.linalg.norm(centroids - point, axis=1)))
+        clusters.index(label) if label != -1 else nearest(centroids, point)
         for label, point in zip(found.tolist(), points, strict=True)
     ]
     return DescriptorClusters(tuple(labels), centroids, mean, std, radius, int(np.sum(found == -1)))

@@ -247,11 +247,9 @@ class DescriptorClusteringStrategy(ClusterModels):
         partitions = range(config.num_clients)  # newcomers too: each is placed by its own descriptor
         answers = ask_all([self.membership.node_of[pid] for pid in partitions], {STEP: STEP_DESCRIPTOR},
                           message_timeout(config))  # fmt: skip
-        self.place([array_from_bytes(answer.get(DESCRIPTOR), DESCRIPTOR) for answer in answers])
-        found = self.found
-        assert found is not None
+        found = self.place([array_from_bytes(answer.get(DESCRIPTOR), DESCRIPTOR) for answer in answers])
         sizes = [found.labels.count(cluster) for cluster in range(found.count)]
-        ari = float(adjusted_rand_score(self.inputs.true_clusters[: config.num_training_clients], found.labels))
+        ari = self.record_ari()
         if self.inputs.recorder is not None:
             self.inputs.recorder.add_events("descriptor-clustering", [{
                 "clusters": found.count, "sizes": sizes, "eps": found.eps, "noise": found.noise, "ari": ari,
@@ -261,7 +259,7 @@ class DescriptorClusteringStrategy(ClusterModels):
             print(f"descriptor clustering: {found.count} cluster(s) of {sizes} clients (eps {found.eps:.3g}, "
                   f"{found.noise} noise), ARI {ari:.3f} against the true clusters")  # fmt: skip
 
-    def place(self, descriptors: list[np.ndarray]) -> None:
+    def place(self, descriptors: list[np.ndarray]) -> DescriptorClusters:
         """Cluster the training clients' descriptors (partition order) and place every client, newcomers
         (the partitions after them) at the nearest centroid."""
         config = self.inputs.config
@@ -271,16 +269,19 @@ class DescriptorClusteringStrategy(ClusterModels):
         self.assignment = {
             **dict(enumerate(self.found.labels)), **{pid: self.found.assign(descriptors[pid]) for pid in held_out}
         }  # fmt: skip
+        return self.found
 
     def on_start(self) -> None:
         if self.found is not None:  # a new run: one model per cluster found (a resumed run's come with its state)
             self.models = [initial_weights(self.inputs) for _ in range(self.found.count)]
-            self.record_ari()
 
-    def record_ari(self) -> None:
+    def record_ari(self) -> float:
+        """The found clusters' ARI against the true ones, into every round's record (and returned)."""
         assert self.found is not None
         truth = self.inputs.true_clusters[: self.inputs.config.num_training_clients]
-        self.tracker.set_ari(float(adjusted_rand_score(truth, self.found.labels)))
+        ari = float(adjusted_rand_score(truth, self.found.labels))
+        self.tracker.set_ari(ari)
+        return ari
 
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()
