@@ -35,10 +35,11 @@ def test_without_structure_the_adaptive_radius_keeps_one_cluster():
 
 
 def test_a_client_dbscan_leaves_as_noise_joins_the_nearest_cluster():
-    descriptors = np.vstack([blobs([0.0, 3.0], per_blob=4), np.full((1, 8), 0.8)])  # a stray near the first blob
+    # A stray near the second blob (not the first: a rule that always picked cluster 0 would pass then).
+    descriptors = np.vstack([blobs([0.0, 3.0], per_blob=4), np.full((1, 8), 2.2)])
     found = cluster_descriptors(descriptors, eps=1.0)
     assert found.noise == 1 and found.count == 2
-    assert found.labels[-1] == found.labels[0] != found.labels[4]
+    assert found.labels[-1] == found.labels[4] != found.labels[0]
 
 
 def test_a_clustering_that_finds_no_cluster_is_refused_in_one_line():
