@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/fedcond run $(ARGS)
 
-# Three test processes on two cores: many tests wait on Flower (heartbeats, polling) and the others use
-# the cores meanwhile (one process: 16 1/2 min; two: 12; three: 10 1/2, docs/performance.md).
+# Three test processes on two cores: the deployment tests wait on Flower (heartbeats, polling) and the
+# others use the cores meanwhile (docs/performance.md, "The test suite").
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 3
 

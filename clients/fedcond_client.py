@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 from typing import ClassVar
 
 import numpy as np
@@ -52,11 +53,13 @@ Fitted = tuple[list[np.ndarray], int, dict[str, object]]
 Evaluated = tuple[float, int, dict[str, object]]
 
 
-@functools.lru_cache(maxsize=2)
-def _reusable_model(run_config: RunConfig, num_classes: int, conditioned: bool) -> ConditionalCNN:
-    # One model per process and run, shared by every client the process serves: each message sets
-    # all of its state (parameters and buffers) before using it, so nothing carries over between
-    # clients, and a Ray actor handles one message at a time. Saves building the CNN per message.
+@functools.lru_cache(maxsize=4)
+def _reusable_model(run_config: RunConfig, num_classes: int, conditioned: bool, thread: int) -> ConditionalCNN:
+    # One model per thread and run, shared by every client the thread serves: each message sets all
+    # of its state (parameters and buffers) before using it, so nothing carries over between
+    # clients. A Ray actor handles one message at a time in one thread; a runtime that handles
+    # messages in several threads of one process (the tests' in-process backend) gets one per thread.
+    # Saves building the CNN per message.
     return build_run_model(run_config, num_classes, conditioned)
 
 
@@ -115,7 +118,7 @@ class FedcondClient(NumPyClient):
         """
         if not reuse_enabled():
             return self.fresh_model()
-        return _reusable_model(self.run_config, self.data.num_classes, self.conditioned)
+        return _reusable_model(self.run_config, self.data.num_classes, self.conditioned, threading.get_ident())
 
     def stored_model(self, key: str) -> ConditionalCNN | None:
         """A model this client keeps between rounds, in ``context.state`` or its ``client-state-dir``

@@ -86,8 +86,11 @@ def all_clients(client_manager: ClientManager, config: RunConfig) -> list[Client
     """Every node, after checking there is exactly one per client of the scenario (held-out ones included)."""
     expected = config.num_clients
     waited = NODE_TIMEOUT.of(config)
-    client_manager.wait_for(expected, timeout=waited)
-    found = client_manager.num_available()
+    # Flower's grid client manager learns of connected nodes when asked how many there are, else
+    # only every 5 s: its wait_for slept up to those 5 s at the start of every run. Ask instead.
+    deadline = time.monotonic() + waited
+    while (found := client_manager.num_available()) < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
     if found != expected:
         held_out = f" + {config.held_out_clients} held-out" if config.held_out_clients else ""
         raise FedcondError(

@@ -38,6 +38,21 @@ def _isolated_environment(tmp_path, tmp_path_factory, monkeypatch, _decoded_data
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def _client_apps_in_this_process(request, monkeypatch):
+    """Every Flower simulation of a test runs its ClientApps in the test's process
+    (tests/thread_backend.py), unless the test is marked ``ray``: then on Ray's actors, as users' do."""
+    if request.node.get_closest_marker("ray"):
+        return
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    from tests.thread_backend import ThreadBackend
+
+    marker = request.node.get_closest_marker("client_threads")
+    monkeypatch.setattr(ThreadBackend, "workers", marker.args[0] if marker else 1)
+    monkeypatch.setattr(raybackend, "RayBackend", ThreadBackend)
+
+
 @pytest.fixture
 def task_identity(monkeypatch):
     """The identity Flower 1.42 stamps on every Message it builds, set as a ServerApp sets it: a test

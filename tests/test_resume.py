@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedcond import locks
 from fedcond.checkpoint import RESUME, Checkpoint, check_resume, load_checkpoint, save_checkpoint
@@ -59,11 +60,13 @@ def kill_after_round(config: RunConfig, folder: Path, round_number: int, tmp_pat
     as the checkpoint of ``round_number`` exists."""
     script = (
         "import json, sys\nfrom strategies.registry import run_config\nfrom strategies.simulation import simulate\n"
+        # Its ClientApps in it, with this process's torch threads: the same numbers as this test's runs.
+        "from tests.thread_backend import install\ninstall()\nimport torch\ntorch.set_num_threads(int(sys.argv[2]))\n"
         "simulate(run_config(json.loads(sys.argv[1])))\n"
     )
     log = (tmp_path / "killed.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-c", script, json.dumps(config.to_mapping())],
+        [sys.executable, "-c", script, json.dumps(config.to_mapping()), str(torch.get_num_threads())],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: Ray's processes go with it
     )  # fmt: skip

@@ -1,8 +1,10 @@
-"""End to end through Flower: ServerApp and ClientApps on Ray virtual clients (in-process)."""
+"""End to end through Flower's simulation runtime: the ServerApp in a thread, the ClientApps in this
+process (tests/thread_backend.py), except the test marked ``ray``, whose ClientApps run on Ray's actors."""
 
 import csv
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -136,12 +138,13 @@ def test_held_out_clients_never_train_and_are_reported_apart(tmp_path):
 
 
 # Fault injection (tests/faults.py): one client of 2 x 2 fails in round 2 of 4, per method family.
-# min-answered-fraction 0.75 lets 3 of 4 go on. The hang waits out round-timeout: 60 s, as the first
-# messages of a run wait for Ray to start (tens of seconds on a busy 2-core machine) and must not expire.
+# min-answered-fraction 0.75 lets 3 of 4 go on. The hang waits out round-timeout (15 s: a round here
+# takes a second or two) while the other clients answer: two messages at once (client_threads).
+ROUND_TIMEOUT = 15
 FAMILIES = [
     ("conditional", Fault(1, 2, FIT, RAISE), "failed", "injected fault: partition 1 round 2 fit"),
     ("ifca", Fault(2, 2, FIT, REPORT), "failed", "injected fault: partition 2 round 2 fit"),
-    ("dac", Fault(0, 2, FIT, HANG), "timed out", "no answer within round-timeout=60 s"),
+    ("dac", Fault(0, 2, FIT, HANG), "timed out", f"no answer within round-timeout={ROUND_TIMEOUT} s"),
     ("ditto", Fault(3, 2, FIT, RAISE), "failed", "injected fault: partition 3 round 2 fit"),
     ("oracle", Fault(3, 2, FIT, REPORT), "failed", "injected fault: partition 3 round 2 fit"),
     ("gossip", Fault(1, 2, FIT, RAISE), "failed", "injected fault: partition 1 round 2 fit"),
@@ -160,14 +163,51 @@ def test_every_pairing_of_client_and_strategy_in_the_registry_has_a_fault_test()
 
 
 @pytest.mark.slow
+@pytest.mark.client_threads(2)
 @pytest.mark.parametrize(("method", "fault", "outcome", "reason"), FAMILIES, ids=[f[0] for f in FAMILIES])
 def test_a_client_failing_in_round_2_leaves_that_round_to_the_others(tmp_path, method, fault, outcome, reason):
     config = run_config({
         "method": method, "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 4, "local-epochs": 1,
-        "min-answered-fraction": 0.75, "round-timeout": 60, "results-dir": str(tmp_path / "r"), "verbose": False,
+        "min-answered-fraction": 0.75, "round-timeout": ROUND_TIMEOUT, "results-dir": str(tmp_path / "r"),
+        "verbose": False,
     })  # fmt: skip
     simulate(config, client_mods=[fault], quiet=True)
-    rows, info = read_history(tmp_path / "r")
+    assert_survived_one_failure(tmp_path / "r", method, fault, outcome, reason)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_on_rays_actors_a_conditioned_run_survives_a_failure_with_the_in_process_numbers(tmp_path, monkeypatch):
+    """The users' backend: each virtual client in a Ray actor of its own, which unpickles the
+    ClientApp with its mods; the secure sum of the fingerprint statistics before round 1, then a
+    client raising in round 2 (the first messages wait for Ray to start: round-timeout 60 s). The
+    same run with the ClientApps in this process, as every other test runs them, gives the same
+    rounds: the in-process backend changes where clients run, not what they compute."""
+    fault = Fault(1, 2, FIT, RAISE)
+    settings = {
+        "method": "conditional", "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 4,
+        "local-epochs": 1, "min-answered-fraction": 0.75, "round-timeout": 60, "verbose": False,
+    }  # fmt: skip
+    simulate(run_config({**settings, "results-dir": str(tmp_path / "ray")}), client_mods=[fault], quiet=True)
+    info = assert_survived_one_failure(tmp_path / "ray", "conditional", fault, "failed", fault.reason)
+    assert info["secure_sum_bytes"] > 0
+
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    from tests.thread_backend import ThreadBackend
+
+    monkeypatch.setattr(raybackend, "RayBackend", ThreadBackend)
+    simulate(run_config({**settings, "results-dir": str(tmp_path / "threads")}), client_mods=[fault], quiet=True)
+    on_ray, in_process = read_history(tmp_path / "ray")[0], read_history(tmp_path / "threads")[0]
+    for ray_row, process_row in zip(on_ray, in_process, strict=True):
+        assert ray_row["bytes_down"] == process_row["bytes_down"] and ray_row["bytes_up"] == process_row["bytes_up"]
+        # Ray's actors sum the clients' updates in their order of arrival: floating point, not bits.
+        assert float(ray_row["accuracy"]) == pytest.approx(float(process_row["accuracy"]), abs=0.01)
+
+
+def assert_survived_one_failure(results: Path, method: str, fault: Fault, outcome: str, reason: str) -> dict:
+    """Round 2 went on with 3 of 4 clients, the missing one recorded by partition and reason; run.json."""
+    rows, info = read_history(results)
     assert info["status"] == "finished" and [int(row["round"]) for row in rows] == [1, 2, 3, 4]
     for row in rows:
         missing = (0, 1) if outcome == "timed out" else (1, 0)
@@ -180,6 +220,7 @@ def test_a_client_failing_in_round_2_leaves_that_round_to_the_others(tmp_path, m
     ]
     if not get_method(method).strategy.peer_to_peer and method != "local":  # 3 models came back in round 2
         assert int(rows[1]["bytes_up"]) == 3 * int(rows[0]["bytes_up"]) // 4
+    return info
 
 
 @pytest.mark.slow
@@ -253,3 +294,26 @@ def test_under_secaggplus_each_rounds_sum_runs_over_its_sample_of_clients(tmp_pa
     # Round 1: its 3 sampled clients train in the sum and evaluate; round 2 (the last): every client evaluates.
     assert [row["clients_asked"] for row in rows] == ["3", "4"]
     assert all(math.isfinite(float(row["accuracy"])) and math.isfinite(float(row["train_loss"])) for row in rows)
+
+
+def test_the_server_takes_its_nodes_as_soon_as_they_are_connected(tmp_path):
+    """Flower's grid client manager refreshes its nodes every 5 s, or when asked how many it has:
+    waiting on its wait_for cost every run (simulated or deployed) up to 5 s before round 1."""
+    from types import SimpleNamespace
+
+    from flwr.server import SimpleClientManager
+    from flwr.server.compat.app_utils import start_update_client_manager_thread
+
+    from strategies.federation import all_clients
+
+    grid = SimpleNamespace(get_node_ids=lambda: [11, 12, 13, 14], run=SimpleNamespace(run_id=1))
+    manager = SimpleClientManager()
+    _, stop, registered = start_update_client_manager_thread(grid, manager)  # type: ignore[arg-type]
+    registered.wait()
+    started = time.monotonic()
+    try:
+        proxies = all_clients(manager, RunConfig(num_clusters=2, clients_per_cluster=2))
+    finally:
+        stop.set()
+    assert sorted(proxy.cid for proxy in proxies) == ["11", "12", "13", "14"]
+    assert time.monotonic() - started < 1.0  # Flower's own refresh would come after 5 s
