@@ -54,12 +54,21 @@ class ClusterModels(FedcondStrategy):
     def answer_floor(self) -> int:
         return len(self.models)
 
-    def groups(self, results: list[tuple[int, FitRes]]) -> list[int]:
+    def groups(self, server_round: int, results: list[tuple[int, FitRes]]) -> list[int]:
         """Each reply's model: its client's assignment (IFCA: the client's own choice)."""
         return [self.assignment[partition] for partition, _ in results]
 
+    def true_clusters_at(self, server_round: int) -> dict[int, int]:
+        """Each client's true cluster in ``server_round`` (the simulation's scenario, which no client
+        sends): its own, or its drift partner's from drift-round on (fedcond.drift)."""
+        config, clusters = self.inputs.config, self.inputs.true_clusters
+        partners = drift_partners_of(config)
+        return {
+            pid: cluster_at(pid, server_round, config.drift_round, partners, clusters) for pid in range(len(clusters))
+        }
+
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
-        groups = self.groups(results)
+        groups = self.groups(server_round, results)
         updates = [parameters_to_ndarrays(res.parameters) for _, res in results]
         self.models = average_per_group(self.models, updates, groups, [res.num_examples for _, res in results])
         return None
@@ -104,16 +113,8 @@ class OracleStrategy(ClusterModels):
         # Oracle is told: from drift-round on, a drifting client is served (and averaged into) the cluster
         # whose data it now holds (fedcond.drift). Set before this round's fit and evaluate instructions.
         if self.inputs.config.drift_round:
-            self.assignment = self.assignment_at(server_round)
+            self.assignment = self.true_clusters_at(server_round)
         return super().configure_fit(server_round, parameters, client_manager)
-
-    def assignment_at(self, server_round: int) -> dict[int, int]:
-        """Each client's cluster in ``server_round``: its true one, or its drift partner's from drift-round on."""
-        config, clusters = self.inputs.config, self.inputs.true_clusters
-        partners = drift_partners_of(config)
-        return {
-            pid: cluster_at(pid, server_round, config.drift_round, partners, clusters) for pid in range(len(clusters))
-        }
 
 
 IFCA_MODELS = Option(
@@ -177,12 +178,15 @@ class IfcaStrategy(ClusterModels):
             return {**config, EVALUATE_CHOICE: self.assignment[partition_id]}
         return config
 
-    def groups(self, results: list[tuple[int, FitRes]]) -> list[int]:
+    def groups(self, server_round: int, results: list[tuple[int, FitRes]]) -> list[int]:
         choices = [int(res.metrics[CHOICE]) for _, res in results]
         if any(not 0 <= choice < len(self.models) for choice in choices):
             raise FedcondError("an IFCA client chose a model that does not exist; server and client disagree on K")
         self.assignment.update({partition: choice for (partition, _), choice in zip(results, choices, strict=True)})
-        truth = [self.inputs.true_clusters[partition] for partition, _ in results]  # the server's scenario
+        # Against the clusters whose data the clients hold this round: a drifted client choosing its
+        # new cluster's model is right, not a mistake.
+        truth_now = self.true_clusters_at(server_round)
+        truth = [truth_now[partition] for partition, _ in results]
         self.tracker.set_ari(float(adjusted_rand_score(truth, choices)))
         return choices
 

@@ -60,10 +60,24 @@ def test_oracle_is_told_and_serves_a_drifted_client_its_new_clusters_model():
     strategy = strategy_for("oracle", **DRIFT)
     partners = drift_partners_of(strategy.inputs.config)
     clusters = strategy.inputs.true_clusters
-    before, after = strategy.assignment_at(3), strategy.assignment_at(4)
+    before, after = strategy.true_clusters_at(3), strategy.true_clusters_at(4)
     for pid in range(4):
         expected = clusters[partners[pid]] if pid in partners else clusters[pid]
         assert before[pid] == clusters[pid] and after[pid] == expected
+
+
+def test_ifcas_ari_after_the_drift_is_against_the_clusters_the_clients_now_hold():
+    """A drifted client choosing its new cluster's model recovers the clusters: ARI 1, not a mistake."""
+    from fedcond.messages import CHOICE
+    from tests.test_method_rules import constant_model, reply
+
+    strategy = strategy_for("ifca", **DRIFT)
+    model = constant_model(strategy, 0.0)
+    for server_round in (3, 4):  # before the drift and at it: each client picks the cluster it holds
+        truth = strategy.true_clusters_at(server_round)
+        strategy.groups(server_round, [(pid, reply(model, 10, **{CHOICE: truth[pid]})) for pid in range(4)])
+        assert strategy.tracker.ari == 1.0, server_round
+    assert truth != strategy.true_clusters_at(3)  # someone moved
 
 
 def test_a_drift_run_records_the_drifted_clients_accuracy_with_two_messages_a_round(tmp_path):
@@ -110,3 +124,33 @@ def test_an_oracle_told_of_the_drift_serves_the_drifted_clients_as_well_as_the_o
     with (recorder.folder / "history.csv").open() as handle:
         after = [float(row["drifted_accuracy"]) for row in csv.DictReader(handle)][1:]  # rounds 2-4
     assert min(after) > 0.8  # told: 0.90, 0.93, 0.99 here; untold, it fell to 0.0 in round 3
+
+
+def drift_rows(curves: dict[str, list[float]]) -> list[dict[str, str]]:
+    """Tidy rows of one seed per method whose drifting clients score ``curves`` round by round."""
+    return [
+        {"method": method, "seed": "0", "round": str(r), "accuracy": str(value), "elapsed_seconds": "1",
+         "bytes_down": "0", "bytes_up": "0", "drifted_accuracy": str(value)}
+        for method, curve in curves.items()
+        for r, value in enumerate(curve, start=1)
+    ]  # fmt: skip
+
+
+def test_the_report_counts_the_rounds_each_method_needs_to_serve_its_drifting_clients_again(tmp_path):
+    from fedcond.tools.report import drift_plot, drift_recoveries, drift_table
+
+    curves = {
+        "told": [0.5, 0.9, 0.88, 0.9, 0.93],  # round 3: 0.88, within 5 points of 0.9 at once
+        "stale": [0.5, 0.9, 0.4, 0.7, 0.86],  # back within 5 points in round 5: 2 rounds
+        "lost": [0.5, 0.9, 0.1, 0.2, 0.3],
+    }
+    recoveries = {r.method: r for r in drift_recoveries(drift_rows(curves), drift_round=3)}
+    assert {name: r.rounds_to_recover for name, r in recoveries.items()} == {"told": 0, "stale": 2, "lost": None}
+    assert (recoveries["stale"].before, recoveries["stale"].at_drift, recoveries["stale"].final) == (0.9, 0.4, 0.86)
+    table = "\n".join(drift_table(list(recoveries.values()), 3))
+    assert (
+        "| stale | 0.900 | 0.400 | 0.860 | 2 |" in table
+        and "| lost | 0.900 | 0.100 | 0.300 | not by the last round |" in table
+    )
+    assert drift_recoveries(drift_rows(curves), drift_round=1) == []  # no round before the drift
+    assert drift_plot(drift_rows(curves), tmp_path / "drift.png", "t", 3).stat().st_size > 0

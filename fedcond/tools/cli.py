@@ -296,7 +296,8 @@ def report(out: Path) -> int:
     write_metrics(experiment, out)
     failures = failed_runs(experiment, out)
     text = render(out, experiment.title, experiment.kind, experiment.tables,
-                  [column_name(axis) for axis in experiment.setting_axes], failures)  # fmt: skip
+                  [column_name(axis) for axis in experiment.setting_axes], failures,
+                  int(experiment.settings.get("drift-round", 0)))  # fmt: skip
     print(text)
     print(f"fedcond: metrics.csv and reports written to {out}")
     not_started = runs_not_started(experiment, out)

@@ -40,6 +40,7 @@ MAX_REASONS = 6
 METRIC_NAMES = frozenset((*METRIC_COLUMNS, *OPTIONAL_METRIC_COLUMNS))
 # The paper's names for the axes its tables sweep.
 SHORT_NAMES = {"num-clusters": "K", "clients-per-cluster": "clients/cluster"}
+DRIFT_FIGURE = "drift.png"
 
 
 def read_metrics(path: Path) -> list[Row]:
@@ -283,8 +284,11 @@ def scenario_line(rows: Sequence[Row]) -> str:
     )
 
 
-def summary_markdown(rows: Sequence[Row], title: str, failures: Sequence[tuple[str, str]] = ()) -> str:
-    """``summary.md`` of a comparison: the ranked table, what it was run on, and any failed runs."""
+def summary_markdown(
+    rows: Sequence[Row], title: str, failures: Sequence[tuple[str, str]] = (), drift_round: int = 0
+) -> str:
+    """``summary.md`` of a comparison: the ranked table, what it was run on, the drifting clients'
+    recovery (with ``drift_round``), and any failed runs."""
     parts = [f"# {title}", ""]
     if rows:
         seeds = sorted({row["seed"] for row in rows}, key=int)
@@ -295,6 +299,16 @@ def summary_markdown(rows: Sequence[Row], title: str, failures: Sequence[tuple[s
             "",
             *ranked_section(rows),
         ]
+        recoveries = drift_recoveries(rows, drift_round)
+        if recoveries:
+            parts += [
+                "",
+                "## Drifting clients",
+                "",
+                *drift_table(recoveries, drift_round),
+                "",
+                f"![drift]({DRIFT_FIGURE})",
+            ]
     else:
         parts.append("No run has finished yet.")
     if failures:
@@ -348,6 +362,101 @@ def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
     axes.set_ylim(0, 1)
     axes.grid(alpha=0.3)
     axes.set_title(title)
+    axes.legend(title="method (best final first)", loc="lower right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+#: The drifting clients have recovered once back within this much of their accuracy the round before
+#: the drift (5 points: about the round-to-round noise of a quarter-data MNIST run's mean).
+RECOVERY_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class DriftRecovery:
+    """The drifting clients' accuracy (mean over seeds) around the drift round D of one method."""
+
+    method: str
+    before: float  # round D - 1: their old data, the last round before they move
+    at_drift: float  # round D: their new data, scored by what the method serves them then
+    final: float
+    #: Rounds from D until they are back within RECOVERY_MARGIN of ``before`` (0: never lost it);
+    #: None: not back by the last round.
+    rounds_to_recover: int | None
+
+
+def drifted_curve(histories: Sequence[Sequence[Row]]) -> list[float]:
+    """The drifting clients' accuracy each round, mean over seeds (NaN where not measured)."""
+    rounds = min(len(history) for history in histories)
+    return [_mean(as_float(history[r].get("drifted_accuracy", "")) for history in histories) for r in range(rounds)]
+
+
+def rounds_to_recover(curve: Sequence[float], drift_round: int, margin: float = RECOVERY_MARGIN) -> int | None:
+    """Rounds after ``drift_round`` until ``curve`` (one value per round from round 1) is back within
+    ``margin`` of its value the round before; None when it never is."""
+    before = curve[drift_round - 2]
+    for index in range(drift_round - 1, len(curve)):
+        if curve[index] >= before - margin:
+            return index - (drift_round - 1)
+    return None
+
+
+def drift_recoveries(rows: Sequence[Row], drift_round: int) -> list[DriftRecovery]:
+    """Per method (best final accuracy first), how its drifting clients fared around ``drift_round``;
+    empty without drifting clients, or when the drift is at round 1 (no round before it)."""
+    if drift_round < 2:
+        return []
+    by_method: dict[str, list[list[Row]]] = defaultdict(list)
+    for (method, _), history in _runs(rows).items():
+        by_method[method].append(history)
+    recoveries = []
+    for method in [s.method for s in summarise(rows)]:
+        curve = drifted_curve(by_method[method])
+        if len(curve) < drift_round or not all(math.isfinite(v) for v in curve[drift_round - 2 :]):
+            continue
+        recovery = rounds_to_recover(curve, drift_round)
+        recoveries.append(DriftRecovery(method, curve[drift_round - 2], curve[drift_round - 1], curve[-1], recovery))
+    return recoveries
+
+
+def drift_table(recoveries: Sequence[DriftRecovery], drift_round: int) -> list[str]:
+    """Markdown lines: the drifting clients' accuracy before, at and after the drift, and the rounds
+    each method needs to serve them again."""
+    header = ["method", f"before (round {drift_round - 1})", f"at the drift (round {drift_round})", "final"]
+    lines = ["| " + " | ".join([*header, "rounds to recover"]) + " |", "|---|---|---|---|---|"]
+    for r in recoveries:
+        recovered = "not by the last round" if r.rounds_to_recover is None else str(r.rounds_to_recover)
+        lines.append(f"| {r.method} | {r.before:.3f} | {r.at_drift:.3f} | {r.final:.3f} | {recovered} |")
+    return [
+        *lines,
+        "",
+        f"- Rounds to recover: rounds after round {drift_round} until the drifting clients are back within "
+        f"{RECOVERY_MARGIN * 100:.0f} points of their accuracy in round {drift_round - 1} (0: they never lost more).",
+    ]
+
+
+def drift_plot(rows: Sequence[Row], path: Path, title: str, drift_round: int) -> Path:
+    """The drifting clients' accuracy against the round, one line per method, the drift marked."""
+    plt = _figure()
+    figure, axes = plt.subplots(figsize=(8, 5))
+    by_method: dict[str, list[list[Row]]] = defaultdict(list)
+    for (method, _), history in _runs(rows).items():
+        by_method[method].append(history)
+    for method in [s.method for s in summarise(rows)]:
+        curve = drifted_curve(by_method[method])
+        axes.plot(np.arange(1, len(curve) + 1), curve, marker="o", markersize=3, label=method)
+    axes.axvline(drift_round - 0.5, color="grey", linestyle="--", linewidth=1)
+    axes.annotate(f"clients move: round {drift_round}", (drift_round - 0.4, 0.03), color="grey", fontsize="small")
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("federated round")
+    axes.set_ylabel("drifting clients' test accuracy")
+    axes.set_ylim(0, 1)
+    axes.grid(alpha=0.3)
+    axes.set_title(title, fontsize="medium", wrap=True)
     axes.legend(title="method (best final first)", loc="lower right", fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -528,19 +637,24 @@ def scenario_groups(rows: Sequence[Row], setting_columns: Sequence[str]) -> dict
 
 
 def render(out: Path, title: str, kind: str, specs: Sequence[TableSpec], setting_columns: Sequence[str],
-           failures: Sequence[tuple[str, str]]) -> str:  # fmt: skip
+           failures: Sequence[tuple[str, str]], drift_round: int = 0) -> str:  # fmt: skip
     """Write the reports of a results folder from its ``metrics.csv``; returns what to print.
 
-    A comparison gets ``summary.md`` and ``convergence.png``; a sweep gets ``tables.md`` with one
-    figure per table, and ``summary.md`` with a ranked table and a convergence plot
-    (``convergence-N.png``) per scenario point.
+    A comparison gets ``summary.md`` and ``convergence.png``, and with ``drift_round`` (its
+    ``drift-round`` setting) the drifting clients' recovery table and ``drift.png``; a sweep gets
+    ``tables.md`` with one figure per table, and ``summary.md`` with a ranked table and a
+    convergence plot (``convergence-N.png``) per scenario point.
     """
     rows = read_metrics(out / "metrics.csv")
     if kind == "compare":
-        (out / "summary.md").write_text(summary_markdown(rows, title, failures))
+        (out / "summary.md").write_text(summary_markdown(rows, title, failures, drift_round))
         if rows:
             convergence_plot(rows, out / "convergence.png", f"{title}: {scenario_line(rows)}")
-        return "\n".join(ranked_section(rows)) if rows else "no run finished"
+        recoveries = drift_recoveries(rows, drift_round) if rows else []
+        if recoveries:
+            drift_plot(rows, out / DRIFT_FIGURE, f"{title}: the drifting clients", drift_round)
+        text = "\n".join(ranked_section(rows)) if rows else "no run finished"
+        return text + ("\n\n" + "\n".join(drift_table(recoveries, drift_round)) if recoveries else "")
     sections = [f"# {title}: every scenario point", ""]
     for number, point_rows in enumerate(scenario_groups(rows, setting_columns).values(), start=1):
         labels = ", ".join(f"{c}={point_rows[0][c]}" for c in setting_columns if point_rows[0][c] != "")
