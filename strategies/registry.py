@@ -135,6 +135,8 @@ def registry() -> dict[str, Method]:
         Method("descriptor-clustering", "one model per cluster DBSCAN finds in the clients' descriptors (K not given)",
                "clients.descriptor_client:DescriptorClient", "strategies.cluster_models:DescriptorClusteringStrategy",
                competitor=True),
+        Method("cfl", "clusters split recursively by the cosine similarity of the clients' updates (K not given)",
+               "clients.cfl_client:CflClient", "strategies.cfl:CflStrategy", competitor=True),
         # The paper's own protocol, centrally pooled (a reference, not a federated method): fedcond.pooled.
         *(Method(name, spec.summary, None, None, "pooled", spec.conditioned) for name, spec in POOLED_METHODS.items()),
     )  # fmt: skip

@@ -137,6 +137,7 @@ NEWCOMER_RULES = {
     "dac": "the average of the dac-neighbours models with the lowest loss on its training data",
     # Tested in tests/test_descriptor_clustering.py (it is Oracle when its clusters are the true ones).
     "descriptor-clustering": "the model of the cluster whose centroid is nearest its descriptor",
+    "cfl": "the cluster model with the lowest loss on its training data (as IFCA's)",
 }
 
 
@@ -233,8 +234,9 @@ def newcomer_of(method: str, **settings):
     return client_of(method, 4, held_out_clients=1, **settings)
 
 
-def test_an_ifca_newcomer_is_served_the_cluster_model_that_fits_its_training_data():
-    newcomer = newcomer_of("ifca")
+@pytest.mark.parametrize("method", ["ifca", "cfl"])
+def test_an_ifca_or_cfl_newcomer_is_served_the_cluster_model_that_fits_its_training_data(method):
+    newcomer = newcomer_of(method)
     wrong, right = always_class(newcomer, 9), always_class(newcomer, 0)
     accuracies = [newcomer.evaluate([*pair[0], *pair[1]], {SERVER_ROUND: 1})[2]["accuracy"]
                   for pair in ((wrong, right), (right, wrong))]  # fmt: skip

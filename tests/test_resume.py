@@ -330,7 +330,7 @@ def methods_with_server_state() -> list[str]:
 
 
 def test_the_methods_with_server_state_are_the_per_client_and_per_cluster_ones():
-    assert set(methods_with_server_state()) == {"oracle", "ifca", "gossip", "dac", "descriptor-clustering"}
+    assert set(methods_with_server_state()) == {"oracle", "ifca", "gossip", "dac", "descriptor-clustering", "cfl"}
 
 
 @pytest.mark.parametrize("method", methods_with_server_state())
@@ -346,7 +346,10 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     from strategies.base import StrategyInputs, initial_weights
     from strategies.registry import get_method
 
-    config = run_config({"method": method, "num-clusters": 2, "clients-per-cluster": 2}).resolved()
+    # CFL: thresholds under which round 1's random updates split the cluster, so that a split is restored.
+    splitting = {"cfl-warmup-rounds": 0, "cfl-eps1": 1e6, "cfl-eps2": 0, "cfl-min-cluster-size": 1}
+    config = run_config({"method": method, "num-clusters": 2, "clients-per-cluster": 2,
+                         **(splitting if method == "cfl" else {})}).resolved()  # fmt: skip
     strategy_class = get_method(method).strategy
     inputs = StrategyInputs(config, 10, get_method(method).conditioned, None, scenario=scenario_for(config))
     before = strategy_class(inputs)
@@ -362,6 +365,7 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
         for pid in range(4)
     ]  # fmt: skip
     before.combine(1, replies)
+    assert method != "cfl" or len(before.models) == 2
     models, values = before.state()
     json.dumps(values)  # plain values only
     assert any(name != "global" for name in models)  # per-client or per-cluster models, by name

@@ -47,8 +47,8 @@ def test_every_method_learns_through_flower_and_writes_a_finite_complete_history
         # Local exchanges nothing; everyone else moves models (gossip and DAC between peers).
         assert (int(row["bytes_down"]) > 0) == (method != "local")
         assert (int(row["bytes_up"]) > 0) == (method != "local")
-        # IFCA and descriptor clustering record how well they recover the true clusters; no other method guesses.
-        assert math.isfinite(float(row["ari"])) == (method in ("ifca", "descriptor-clustering"))
+        # IFCA, descriptor clustering and CFL record how well they recover the true clusters; no other method guesses.
+        assert math.isfinite(float(row["ari"])) == (method in ("ifca", "descriptor-clustering", "cfl"))
         assert math.isnan(float(row["heldout_accuracy"]))  # no held-out clients
     assert info["status"] == "finished" and info["rounds_completed"] == 3
     if method == "ifca":  # all K=2 models go down each training round (round 1: its only message)
@@ -152,6 +152,7 @@ FAMILIES = [
     ("fedavg", Fault(2, 2, FIT, REPORT), "failed", "injected fault: partition 2 round 2 fit"),
     ("fedprox", Fault(1, 2, FIT, RAISE), "failed", "injected fault: partition 1 round 2 fit"),
     ("descriptor-clustering", Fault(2, 2, FIT, REPORT), "failed", "injected fault: partition 2 round 2 fit"),
+    ("cfl", Fault(0, 2, FIT, RAISE), "failed", "injected fault: partition 0 round 2 fit"),
 ]
 
 
