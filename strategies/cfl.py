@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from sklearn.cluster import AgglomerativeClustering
-from sklearn.metrics import adjusted_rand_score
 
 from fedcond.aggregation import Model
 from fedcond.config import Option, RunConfig
@@ -100,7 +99,7 @@ class CflStrategy(ClusterModels):
     def on_start(self) -> None:
         if not self.assignment:  # a resumed run's come with its state
             self.assignment = dict.fromkeys(self.training_partitions, 0)
-        self.record_ari()
+        self.record_cluster_ari()
 
     def all_models(self) -> Parameters:
         return ndarrays_to_parameters([array for model in self.models for array in model])
@@ -130,7 +129,7 @@ class CflStrategy(ClusterModels):
         if self.inputs.recorder is not None:
             self.inputs.recorder.add_events("cfl-norms", norms)
         super().combine(server_round, results)  # each (new) cluster averages its clients' models
-        self.record_ari()
+        self.record_cluster_ari()
         return None
 
     def should_split(self, server_round: int, size: int, mean_norm: float, max_norm: float) -> bool:
@@ -170,13 +169,11 @@ class CflStrategy(ClusterModels):
                   f"(mean update {mean_norm:.3g} < eps1, largest {max_norm:.3g} > eps2; "
                   f"largest similarity across {cross:.3f})")  # fmt: skip
 
-    def record_ari(self) -> None:
-        """The clusters' Adjusted Rand Index against the true ones (the server's scenario, never sent),
-        into every round's record."""
+    def record_cluster_ari(self) -> None:
+        """The clusters' ARI against the true ones, into every round's record."""
         partitions = sorted(self.assignment)
         truth = self.inputs.true_clusters
-        self.tracker.set_ari(float(adjusted_rand_score([truth[p] for p in partitions],
-                                                       [self.assignment[p] for p in partitions])))  # fmt: skip
+        self.record_ari([truth[p] for p in partitions], [self.assignment[p] for p in partitions])
 
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()

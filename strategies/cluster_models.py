@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,18 @@ class ClusterModels(FedcondStrategy):
         self.models = models
         #: Partition id -> the model it is assigned (Oracle: its true cluster; IFCA: its last choice).
         self.assignment: dict[int, int] = {}
+
+    def record_ari(self, truth: list[int], labels: list[int]) -> float:
+        """The Adjusted Rand Index of ``labels`` (the clusters found or chosen) against ``truth`` (the
+        server's scenario, never sent by a client), into this round's record. NaN where the scenario
+        has no clusters (a Dirichlet or pathological partition): there is nothing to recover."""
+        from fedcond.scenarios import scenario_kind
+
+        if not scenario_kind(self.inputs.config.scenario).clustered:
+            return math.nan
+        ari = float(adjusted_rand_score(truth, labels))
+        self.tracker.set_ari(ari)
+        return ari
 
     def model_of(self, partition_id: int) -> Parameters:
         return ndarrays_to_parameters(self.models[self.assignment[partition_id]])
@@ -186,8 +199,7 @@ class IfcaStrategy(ClusterModels):
         # Against the clusters whose data the clients hold this round: a drifted client choosing its
         # new cluster's model is right, not a mistake.
         truth_now = self.true_clusters_at(server_round)
-        truth = [truth_now[partition] for partition, _ in results]
-        self.tracker.set_ari(float(adjusted_rand_score(truth, choices)))
+        self.record_ari([truth_now[partition] for partition, _ in results], choices)
         return choices
 
 
@@ -253,7 +265,7 @@ class DescriptorClusteringStrategy(ClusterModels):
                           message_timeout(config))  # fmt: skip
         found = self.place([array_from_bytes(answer.get(DESCRIPTOR), DESCRIPTOR) for answer in answers])
         sizes = [found.labels.count(cluster) for cluster in range(found.count)]
-        ari = self.record_ari()
+        ari = self.record_found_ari()
         if self.inputs.recorder is not None:
             self.inputs.recorder.add_events("descriptor-clustering", [{
                 "clusters": found.count, "sizes": sizes, "eps": found.eps, "noise": found.noise, "ari": ari,
@@ -279,13 +291,11 @@ class DescriptorClusteringStrategy(ClusterModels):
         if self.found is not None:  # a new run: one model per cluster found (a resumed run's come with its state)
             self.models = [initial_weights(self.inputs) for _ in range(self.found.count)]
 
-    def record_ari(self) -> float:
+    def record_found_ari(self) -> float:
         """The found clusters' ARI against the true ones, into every round's record (and returned)."""
         assert self.found is not None
-        truth = self.inputs.true_clusters[: self.inputs.config.num_training_clients]
-        ari = float(adjusted_rand_score(truth, self.found.labels))
-        self.tracker.set_ari(ari)
-        return ari
+        return self.record_ari(list(self.inputs.true_clusters[: self.inputs.config.num_training_clients]),
+                               self.found.labels)  # fmt: skip
 
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()
@@ -296,4 +306,4 @@ class DescriptorClusteringStrategy(ClusterModels):
         self.found = DescriptorClusters.from_json(values["descriptor-clusters"])
         self.models = [[] for _ in range(self.found.count)]  # filled by ClusterModels.load_state
         super().load_state(models, values)
-        self.record_ari()
+        self.record_found_ari()

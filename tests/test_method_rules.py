@@ -5,6 +5,8 @@ evaluating the global model, DAC averaging with its least similar peers, Oracle 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_parameters, parameters_to_ndarrays
@@ -297,3 +299,15 @@ def test_newcomer_steps_train_a_copy_for_exactly_that_many_steps_and_keep_the_se
     assert 0 <= metrics["adapted-accuracy"] <= 1
     plain = newcomer_of("fedavg")
     assert "adapted-accuracy" not in plain.evaluate(served, {SERVER_ROUND: 1})[2]  # zero-shot only by default
+
+
+def test_ifca_on_a_partition_without_clusters_records_no_ari():
+    """A Dirichlet split has one population: an ARI against it would be 0 whatever IFCA chose."""
+    strategy = strategy_for("ifca", scenario="dirichlet", num_clusters=1, clients_per_cluster=4,
+                            options=(("ifca-models", 2),))  # fmt: skip
+    model = constant_model(strategy, 0.0)
+    strategy.groups(1, [(pid, reply(model, 10, **{CHOICE: pid % 2})) for pid in range(4)])
+    assert math.isnan(strategy.tracker.ari)
+    clustered = strategy_for("ifca")  # digits E1 K=2 x 2: choices that match the true clusters
+    clustered.groups(1, [(pid, reply(model, 10, **{CHOICE: pid // 2})) for pid in range(4)])
+    assert clustered.tracker.ari == 1.0
