@@ -140,6 +140,8 @@ NEWCOMER_RULES = {
     # Tested in tests/test_descriptor_clustering.py (it is Oracle when its clusters are the true ones).
     "descriptor-clustering": "the model of the cluster whose centroid is nearest its descriptor",
     "cfl": "the cluster model with the lowest loss on its training data (as IFCA's)",
+    # Tested in tests/test_pfedhn.py.
+    "pfedhn": "the model the hypernetwork generates from the mean of the training clients' embeddings",
 }
 
 

@@ -330,7 +330,8 @@ def methods_with_server_state() -> list[str]:
 
 
 def test_the_methods_with_server_state_are_the_per_client_and_per_cluster_ones():
-    assert set(methods_with_server_state()) == {"oracle", "ifca", "gossip", "dac", "descriptor-clustering", "cfl"}
+    per_cluster = {"oracle", "ifca", "descriptor-clustering", "cfl"}
+    assert set(methods_with_server_state()) == {*per_cluster, "gossip", "dac", "pfedhn"}
 
 
 @pytest.mark.parametrize("method", methods_with_server_state())
@@ -364,6 +365,8 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
                      10 + pid, {TRAIN_LOSS: 0.0, CHOICE: (pid + 1) % 2}))
         for pid in range(4)
     ]  # fmt: skip
+    for pid in range(4):  # what each client is sent (pFedHN measures each update from it)
+        before.fit_parameters(pid, None)
     before.combine(1, replies)
     assert method != "cfl" or len(before.models) == 2
     models, values = before.state()

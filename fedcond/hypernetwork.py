@@ -1,0 +1,105 @@
+"""pFedHN's hypernetwork (Shamsian, Navon, Fetaya and Chechik, ICML 2021): one learned embedding per
+client, mapped by an MLP to every weight of the client's model, and the server's update rule.
+
+Section 3 and Algorithm 1 of the paper: h(v_i; phi) -> theta_i; client i trains theta_i locally to
+theta~_i; the server moves phi and v_i along (grad theta_i)^T (theta_i - theta~_i), the chain rule
+with the client's update standing for the gradient of its loss at theta_i. The architecture is the
+paper's: an MLP of ``hidden_layers`` layers of ``hidden`` units (3 x 100) and one linear head per
+weight tensor of the target model; the server's optimiser the paper's SGD (momentum 0.9, weight
+decay 1e-3); the gradient norm clipped at 50, as the authors' code does.
+
+Only the target's floating-point arrays are generated; the rest (batch norm's integer step counter)
+stay as the initial model holds them. Core code: no Flower (strategies/pfedhn.py adapts it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+GRADIENT_CLIP = 50.0
+#: The heads' initial weights, scaled down from PyTorch's default (and their bias the seeded model):
+#: at the default scale, without that bias, training diverged on digits (loss inf in round 4).
+HEAD_SCALE = 0.1
+MOMENTUM, WEIGHT_DECAY = 0.9, 1e-3
+
+Model = list[np.ndarray]
+
+
+class HyperNetwork(nn.Module):
+    """Client embeddings and the MLP that maps one to the weights of a model like ``template``."""
+
+    def __init__(self, template: Model, num_clients: int, embedding_dim: int, hidden: int = 100,
+                 hidden_layers: int = 3, seed: int = 0) -> None:  # fmt: skip
+        super().__init__()
+        torch.manual_seed(seed)
+        self.template = [np.array(array, copy=True) for array in template]
+        self.generated = [i for i, array in enumerate(template) if np.issubdtype(array.dtype, np.floating)]
+        self.embeddings = nn.Embedding(num_clients, embedding_dim)
+        layers: list[nn.Module] = [nn.Linear(embedding_dim, hidden)]
+        for _ in range(hidden_layers - 1):
+            layers += [nn.ReLU(), nn.Linear(hidden, hidden)]
+        self.mlp = nn.Sequential(*layers)
+        self.heads = nn.ModuleList(nn.Linear(hidden, int(template[i].size)) for i in self.generated)
+        with torch.no_grad():  # round 1 generates the run's seeded initial model, whatever the embedding,
+            for head, i in zip(self.heads, self.generated, strict=True):  # plus a small part from it
+                head.bias.copy_(torch.from_numpy(np.asarray(template[i], np.float32).ravel()))
+                head.weight.mul_(HEAD_SCALE)
+
+    def forward(self, embedding: torch.Tensor) -> list[torch.Tensor]:
+        features = self.mlp(embedding)
+        return [head(features).view(self.template[i].shape) for head, i in zip(self.heads, self.generated, strict=True)]
+
+    def embedding(self, client: int | None) -> torch.Tensor:
+        """Client ``client``'s embedding; None: the mean of them all (a client with none of its own)."""
+        weights = self.embeddings.weight
+        return weights.mean(dim=0) if client is None else weights[client]
+
+    @torch.no_grad()
+    def weights_for(self, client: int | None) -> Model:
+        """The model the hypernetwork generates for ``client`` (None: from the mean embedding)."""
+        model = [np.array(array, copy=True) for array in self.template]
+        for i, tensor in zip(self.generated, self(self.embedding(client)), strict=True):
+            model[i] = tensor.numpy().astype(self.template[i].dtype)
+        return model
+
+
+class HyperNetworkTrainer:
+    """The server's step for one client's update (Algorithm 1, lines 8-9)."""
+
+    def __init__(self, net: HyperNetwork, learning_rate: float) -> None:
+        self.net = net
+        self.optimizer = torch.optim.SGD(net.parameters(), lr=learning_rate, momentum=MOMENTUM,
+                                         weight_decay=WEIGHT_DECAY)  # fmt: skip
+
+    def step(self, client: int, sent: Model, returned: Model) -> float:
+        """Move phi and v_client along (grad theta)^T (theta_sent - theta_returned); returns the
+        update's norm (how far the client moved its model)."""
+        generated = self.net(self.net.embedding(client))
+        deltas = [torch.from_numpy(np.asarray(sent[i], np.float32) - np.asarray(returned[i], np.float32))
+                  for i in self.net.generated]  # fmt: skip
+        surrogate = sum((tensor * delta).sum() for tensor, delta in zip(generated, deltas, strict=True))
+        self.optimizer.zero_grad()
+        surrogate.backward()  # type: ignore[union-attr]
+        nn.utils.clip_grad_norm_(self.net.parameters(), GRADIENT_CLIP)
+        self.optimizer.step()
+        return float(torch.sqrt(sum((delta**2).sum() for delta in deltas)))  # type: ignore[arg-type]
+
+    def state(self) -> tuple[Model, Model]:
+        """The hypernetwork's parameters and the optimiser's momentum, as arrays (a checkpoint)."""
+        parameters = [p.detach().numpy().copy() for p in self.net.parameters()]
+        momentum = []
+        for p in self.net.parameters():
+            buffer = self.optimizer.state.get(p, {}).get("momentum_buffer")
+            momentum.append(np.zeros_like(parameters[len(momentum)]) if buffer is None else buffer.numpy().copy())
+        return parameters, momentum
+
+    def load_state(self, parameters: Sequence[np.ndarray], momentum: Sequence[np.ndarray]) -> None:
+        with torch.no_grad():
+            for p, array in zip(self.net.parameters(), parameters, strict=True):
+                p.copy_(torch.from_numpy(np.asarray(array)))
+        for p, array in zip(self.net.parameters(), momentum, strict=True):
+            self.optimizer.state[p]["momentum_buffer"] = torch.from_numpy(np.array(array, copy=True))
