@@ -99,10 +99,16 @@ def produced_by_a_documented_command(document: str, folder: str) -> bool:
     )
 
 
+#: What a run folder holds beside its history.csv and run.json: never committed, never read by a report.
+RUN_STATE = ("checkpoint.pt", "*.log")
+
+
 @pytest.fixture
 def copy_of_the_experiments(tmp_path, monkeypatch):
-    """Commands run where a user types them, the checkout's root: here a copy of what they read."""
-    shutil.copytree(ROOT / "experiments", tmp_path / "experiments")
+    """Commands run where a user types them, the checkout's root: here a copy of what they read.
+    Without the runs' checkpoints, which no documented command reads (a --dry-run plans from run.json):
+    a checkout that has run the sweeps holds hundreds of MB of them, copied once per command."""
+    shutil.copytree(ROOT / "experiments", tmp_path / "experiments", ignore=shutil.ignore_patterns(*RUN_STATE))
     monkeypatch.chdir(tmp_path)
     # A Flower home of its own: `fedcond stop-superlink` must not end the user's local SuperLink.
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
@@ -146,7 +152,7 @@ def test_every_committed_results_folder_regenerates_its_tables_from_its_runs(fol
     """``fedcond report`` over a copy of the folder gives back its committed tables word for word:
     every number in them comes from the runs' history.csv and run.json beside them."""
     copy = tmp_path / folder.name
-    shutil.copytree(folder, copy)
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns(*RUN_STATE))
     main(["report", str(copy)])  # 1 where the folder lists runs that did not finish: still reported
     capsys.readouterr()
     for name in ("metrics.csv", "summary.md", "tables.md"):
