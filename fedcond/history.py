@@ -284,7 +284,18 @@ class RunRecorder:
             self._lock = None
 
     def _write_info(self) -> None:
-        (self.folder / "run.json").write_text(json.dumps(self._info, indent=2, default=str) + "\n")
+        write_run_info(self.folder, self._info)
+
+
+def write_run_info(folder: Path, info: dict[str, Any]) -> None:
+    """``folder/run.json``, written whole and renamed: a write that fails (a full disk) leaves the
+    previous run.json as it was, never an empty or half-written one that no later command can read."""
+    temporary = folder / ".run.json.tmp"
+    try:
+        temporary.write_text(json.dumps(info, indent=2, default=str) + "\n")
+        os.replace(temporary, folder / "run.json")
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def open_run(
@@ -347,7 +358,7 @@ def mark_failed(folder: Path, reason: str) -> None:
         return
     info.update(status="failed", error=reason)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_run_info(folder, info)
 
 
 @contextlib.contextmanager

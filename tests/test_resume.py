@@ -434,3 +434,26 @@ def test_a_checkpoint_keeps_every_array_of_a_batchnorm_model_with_its_shape(tmp_
     loaded = load_checkpoint(tmp_path).models["global"]  # type: ignore[union-attr]
     assert [array.shape for array in loaded] == [array.shape for array in weights]
     set_weights(build_model((3, 32, 32), 10, 0, seed=1), loaded)  # refused a (1,) array before
+
+
+def test_a_run_json_that_cannot_be_written_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    """A full disk mid-write (the queue of this project once filled one) must not leave run.json
+    empty: the next compare could not read whether the run had finished."""
+    import errno
+    import pathlib
+
+    from fedcond.history import write_run_info
+
+    write_run_info(tmp_path, {"status": "running", "rounds_completed": 3})
+    real_write = pathlib.Path.write_text
+
+    def disk_full(self, data, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real_write(self, data[: len(data) // 2], *args, **kwargs)  # half of it reached the disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_text", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_run_info(tmp_path, {"status": "finished", "rounds_completed": 4})
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "run.json").read_text()) == {"status": "running", "rounds_completed": 3}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run.json"]  # no temporary left behind
