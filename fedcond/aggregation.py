@@ -161,7 +161,11 @@ def flatten(model: Model) -> np.ndarray:
 
 def cosine_similarities(models: Sequence[Model]) -> np.ndarray:
     """Pairwise cosine similarity of the flattened parameter vectors."""
-    vectors = np.stack([flatten(model) for model in models])
+    return vector_cosine_similarities(np.stack([flatten(model) for model in models]))
+
+
+def vector_cosine_similarities(vectors: np.ndarray) -> np.ndarray:
+    """Pairwise cosine similarity of the rows of ``vectors`` (a zero row: similarity 0 with all)."""
     norms = np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     unit = vectors / norms
     return unit @ unit.T

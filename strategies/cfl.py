@@ -34,10 +34,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitRes, Parameters, parameters_to_ndarrays
 from sklearn.cluster import AgglomerativeClustering
 
-from fedcond.aggregation import Model
+from fedcond.aggregation import Model, flatten, vector_cosine_similarities
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from strategies.base import StrategyInputs, initial_weights
@@ -53,22 +53,12 @@ CFL_MIN_SIZE = Option(
 )
 
 
-def flat(model: Model) -> np.ndarray:
-    return np.concatenate([np.asarray(array, np.float64).ravel() for array in model])
-
-
-def cosine_similarities(updates: np.ndarray) -> np.ndarray:
-    """alpha_ij = <Δθ_i, Δθ_j> / (||Δθ_i|| ||Δθ_j||), the paper's Eq. 21 (a zero update: similarity 0)."""
-    norms = np.linalg.norm(updates, axis=1)
-    unit = updates / np.where(norms > 0, norms, 1.0)[:, None]
-    return np.clip(unit @ unit.T, -1.0, 1.0)
-
-
 def bipartition(similarities: np.ndarray) -> np.ndarray:
     """Labels 0/1 of the split whose largest cross-side similarity is smallest (Eq. 24): complete
-    linkage on the cosine distances, cut at two clusters."""
+    linkage on the cosine distances (clipped: rounding can put a similarity a hair above 1), cut at
+    two clusters. ``similarities`` are the paper's alpha_ij (Eq. 21)."""
     clustering = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete")
-    return clustering.fit_predict(1.0 - similarities)
+    return clustering.fit_predict(np.clip(1.0 - similarities, 0.0, 2.0))
 
 
 class CflStrategy(ClusterModels):
@@ -101,17 +91,9 @@ class CflStrategy(ClusterModels):
             self.assignment = dict.fromkeys(self.training_partitions, 0)
         self.record_cluster_ari()
 
-    def all_models(self) -> Parameters:
-        return ndarrays_to_parameters([array for model in self.models for array in model])
-
-    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        if partition_id not in self.assignment:  # a newcomer: every cluster's model, it keeps its lowest-loss one
-            return self.all_models()
-        return self.model_of(partition_id)
-
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
-        sent = [flat(self.models[self.assignment[pid]]) for pid, _ in results]
-        updates = np.stack([flat(parameters_to_ndarrays(res.parameters)) - before
+        sent = [flatten(self.models[self.assignment[pid]]) for pid, _ in results]
+        updates = np.stack([flatten(parameters_to_ndarrays(res.parameters)) - before
                             for (_, res), before in zip(results, sent, strict=True)])  # fmt: skip
         counts = np.array([res.num_examples for _, res in results], np.float64)
         norms = []
@@ -145,7 +127,7 @@ class CflStrategy(ClusterModels):
               mean_norm: float, max_norm: float) -> None:  # fmt: skip
         """Cut ``cluster`` in two by its clients' update directions; the second half becomes a new
         cluster starting from the same model. A cut leaving a side below cfl-min-cluster-size is not made."""
-        similarities = cosine_similarities(updates)
+        similarities = vector_cosine_similarities(updates)
         sides = bipartition(similarities)
         if min(np.sum(sides == 0), np.sum(sides == 1)) < CFL_MIN_SIZE.of(self.inputs.config):
             return

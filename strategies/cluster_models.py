@@ -58,7 +58,14 @@ class ClusterModels(FedcondStrategy):
     def model_of(self, partition_id: int) -> Parameters:
         return ndarrays_to_parameters(self.models[self.assignment[partition_id]])
 
+    def all_models(self) -> Parameters:
+        return ndarrays_to_parameters([array for model in self.models for array in model])
+
     def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        # A client the server has not placed (IFCA's before its first choice, a CFL newcomer) gets
+        # every model and evaluates the one with the lowest loss on its training data.
+        if partition_id not in self.assignment:
+            return self.all_models()
         return self.model_of(partition_id)
 
     def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
@@ -173,16 +180,8 @@ class IfcaStrategy(ClusterModels):
                 "(0: num-clusters)"
             )
 
-    def all_models(self) -> Parameters:
-        return ndarrays_to_parameters([array for model in self.models for array in model])
-
     def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
         return self.all_models()
-
-    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        if partition_id not in self.assignment:
-            return self.all_models()
-        return self.model_of(partition_id)
 
     def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
         # Evaluate-in-fit: the training instruction brings all K models; the client evaluates the one an

@@ -10,8 +10,9 @@ import json
 import numpy as np
 import pytest
 
+from fedcond.aggregation import vector_cosine_similarities
 from fedcond.errors import FedcondError
-from strategies.cfl import bipartition, cosine_similarities
+from strategies.cfl import bipartition
 from tests.test_method_rules import constant_model, reply, strategy_for
 
 # Splits may happen from round 2, whenever the mean update is under 1 and the largest over 2.
@@ -35,7 +36,7 @@ def test_the_bipartition_keeps_apart_the_clients_whose_updates_disagree():
     one, other = rng.normal(size=50), rng.normal(size=50)
     updates = np.stack([one + 0.1 * rng.normal(size=50) for _ in range(3)] + [other + 0.1 * rng.normal(size=50)
                                                                              for _ in range(4)])  # fmt: skip
-    sides = bipartition(cosine_similarities(updates))
+    sides = bipartition(vector_cosine_similarities(updates))
     assert len(set(sides[:3])) == 1 and len(set(sides[3:])) == 1 and sides[0] != sides[3]
 
 
