@@ -93,6 +93,14 @@ def _runs(rows: Iterable[Row]) -> dict[tuple[str, str], list[Row]]:
     return runs
 
 
+def _histories_by_method(rows: Iterable[Row]) -> dict[str, list[list[Row]]]:
+    """Each method's runs (one per seed), each in round order."""
+    by_method: dict[str, list[list[Row]]] = defaultdict(list)
+    for (method, _), history in _runs(rows).items():
+        by_method[method].append(history)
+    return by_method
+
+
 def _mean(values: Iterable[float]) -> float:
     values = [value for value in values if math.isfinite(value)]
     return float(np.mean(values)) if values else math.nan
@@ -100,9 +108,7 @@ def _mean(values: Iterable[float]) -> float:
 
 def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
     """Per method (rows of one scenario), ranked by mean final accuracy, best first."""
-    by_method: dict[str, list[list[Row]]] = defaultdict(list)
-    for (method, _), history in _runs(rows).items():
-        by_method[method].append(history)
+    by_method = _histories_by_method(rows)
     summaries = []
     for method, histories in by_method.items():
         finals = [as_float(history[-1]["accuracy"]) for history in histories]
@@ -285,10 +291,14 @@ def scenario_line(rows: Sequence[Row]) -> str:
 
 
 def summary_markdown(
-    rows: Sequence[Row], title: str, failures: Sequence[tuple[str, str]] = (), drift_round: int = 0
+    rows: Sequence[Row],
+    title: str,
+    failures: Sequence[tuple[str, str]] = (),
+    recoveries: Sequence[DriftRecovery] = (),
+    drift_round: int = 0,
 ) -> str:
     """``summary.md`` of a comparison: the ranked table, what it was run on, the drifting clients'
-    recovery (with ``drift_round``), and any failed runs."""
+    ``recoveries`` around ``drift_round`` (``drift_recoveries``), and any failed runs."""
     parts = [f"# {title}", ""]
     if rows:
         seeds = sorted({row["seed"] for row in rows}, key=int)
@@ -299,7 +309,6 @@ def summary_markdown(
             "",
             *ranked_section(rows),
         ]
-        recoveries = drift_recoveries(rows, drift_round)
         if recoveries:
             parts += [
                 "",
@@ -332,9 +341,7 @@ def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
     plt = _figure()
     figure, axes = plt.subplots(figsize=(8, 5))
     drawn_worst = drawn_drift = False
-    by_method: dict[str, list[list[Row]]] = defaultdict(list)
-    for (method, _), history in _runs(rows).items():
-        by_method[method].append(history)
+    by_method = _histories_by_method(rows)
     for method in [s.method for s in summarise(rows)]:
         histories = by_method[method]
         rounds = min(len(history) for history in histories)
@@ -408,9 +415,7 @@ def drift_recoveries(rows: Sequence[Row], drift_round: int) -> list[DriftRecover
     empty without drifting clients, or when the drift is at round 1 (no round before it)."""
     if drift_round < 2:
         return []
-    by_method: dict[str, list[list[Row]]] = defaultdict(list)
-    for (method, _), history in _runs(rows).items():
-        by_method[method].append(history)
+    by_method = _histories_by_method(rows)
     recoveries = []
     for method in [s.method for s in summarise(rows)]:
         curve = drifted_curve(by_method[method])
@@ -441,9 +446,7 @@ def drift_plot(rows: Sequence[Row], path: Path, title: str, drift_round: int) ->
     """The drifting clients' accuracy against the round, one line per method, the drift marked."""
     plt = _figure()
     figure, axes = plt.subplots(figsize=(8, 5))
-    by_method: dict[str, list[list[Row]]] = defaultdict(list)
-    for (method, _), history in _runs(rows).items():
-        by_method[method].append(history)
+    by_method = _histories_by_method(rows)
     for method in [s.method for s in summarise(rows)]:
         curve = drifted_curve(by_method[method])
         axes.plot(np.arange(1, len(curve) + 1), curve, marker="o", markersize=3, label=method)
@@ -647,10 +650,10 @@ def render(out: Path, title: str, kind: str, specs: Sequence[TableSpec], setting
     """
     rows = read_metrics(out / "metrics.csv")
     if kind == "compare":
-        (out / "summary.md").write_text(summary_markdown(rows, title, failures, drift_round))
+        recoveries = drift_recoveries(rows, drift_round) if rows else []
+        (out / "summary.md").write_text(summary_markdown(rows, title, failures, recoveries, drift_round))
         if rows:
             convergence_plot(rows, out / "convergence.png", f"{title}: {scenario_line(rows)}")
-        recoveries = drift_recoveries(rows, drift_round) if rows else []
         if recoveries:
             drift_plot(rows, out / DRIFT_FIGURE, f"{title}: the drifting clients", drift_round)
         text = "\n".join(ranked_section(rows)) if rows else "no run finished"
