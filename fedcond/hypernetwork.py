@@ -75,9 +75,8 @@ class HyperNetworkTrainer:
         self.optimizer = torch.optim.SGD(net.parameters(), lr=learning_rate, momentum=MOMENTUM,
                                          weight_decay=WEIGHT_DECAY)  # fmt: skip
 
-    def step(self, client: int, sent: Model, returned: Model) -> float:
-        """Move phi and v_client along (grad theta)^T (theta_sent - theta_returned); returns the
-        update's norm (how far the client moved its model)."""
+    def step(self, client: int, sent: Model, returned: Model) -> None:
+        """Move phi and v_client along (grad theta)^T (theta_sent - theta_returned)."""
         generated = self.net(self.net.embedding(client))
         deltas = [torch.from_numpy(np.asarray(sent[i], np.float32) - np.asarray(returned[i], np.float32))
                   for i in self.net.generated]  # fmt: skip
@@ -86,15 +85,14 @@ class HyperNetworkTrainer:
         surrogate.backward()  # type: ignore[union-attr]
         nn.utils.clip_grad_norm_(self.net.parameters(), GRADIENT_CLIP)
         self.optimizer.step()
-        return float(torch.sqrt(sum((delta**2).sum() for delta in deltas)))  # type: ignore[arg-type]
 
     def state(self) -> tuple[Model, Model]:
         """The hypernetwork's parameters and the optimiser's momentum, as arrays (a checkpoint)."""
-        parameters = [p.detach().numpy().copy() for p in self.net.parameters()]
-        momentum = []
+        parameters, momentum = [], []
         for p in self.net.parameters():
-            buffer = self.optimizer.state.get(p, {}).get("momentum_buffer")
-            momentum.append(np.zeros_like(parameters[len(momentum)]) if buffer is None else buffer.numpy().copy())
+            parameters.append(p.detach().numpy().copy())
+            buffer = self.optimizer.state.get(p, {}).get("momentum_buffer")  # none before the first step
+            momentum.append(np.zeros_like(parameters[-1]) if buffer is None else buffer.numpy().copy())
         return parameters, momentum
 
     def load_state(self, parameters: Sequence[np.ndarray], momentum: Sequence[np.ndarray]) -> None:
