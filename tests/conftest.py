@@ -44,13 +44,10 @@ def _client_apps_in_this_process(request, monkeypatch):
     (tests/thread_backend.py), unless the test is marked ``ray``: then on Ray's actors, as users' do."""
     if request.node.get_closest_marker("ray"):
         return
-    from flwr.server.superlink.fleet.vce.backend import raybackend
-
-    from tests.thread_backend import ThreadBackend
+    from tests.thread_backend import install
 
     marker = request.node.get_closest_marker("client_threads")
-    monkeypatch.setattr(ThreadBackend, "workers", marker.args[0] if marker else 1)
-    monkeypatch.setattr(raybackend, "RayBackend", ThreadBackend)
+    install(marker.args[0] if marker else 1, monkeypatch.setattr)
 
 
 @pytest.fixture

@@ -200,11 +200,9 @@ def test_on_rays_actors_a_conditioned_run_survives_a_failure_with_the_in_process
     info = assert_survived_one_failure(tmp_path / "ray", "conditional", fault, "failed", fault.reason)
     assert info["secure_sum_bytes"] > 0
 
-    from flwr.server.superlink.fleet.vce.backend import raybackend
+    from tests.thread_backend import install
 
-    from tests.thread_backend import ThreadBackend
-
-    monkeypatch.setattr(raybackend, "RayBackend", ThreadBackend)
+    install(1, monkeypatch.setattr)
     simulate(run_config({**settings, "results-dir": str(tmp_path / "threads")}), client_mods=[fault], quiet=True)
     on_ray, in_process = read_history(tmp_path / "ray")[0], read_history(tmp_path / "threads")[0]
     for ray_row, process_row in zip(on_ray, in_process, strict=True):

@@ -71,9 +71,8 @@ class ThreadBackend(Backend):
         return through_pickle(reply), through_pickle(context)
 
 
-def install(workers: int = 1) -> type[Backend]:
-    """Make every later simulation of this process run its ClientApps here; returns what it replaced."""
-    replaced = raybackend.RayBackend
-    ThreadBackend.workers = workers
-    raybackend.RayBackend = ThreadBackend  # type: ignore[misc]
-    return replaced
+def install(workers: int = 1, assign: Callable[[object, str, object], None] = setattr) -> None:
+    """Make every later simulation of this process run its ClientApps here, ``workers`` messages at
+    once; ``assign`` sets the two names (a test passes ``monkeypatch.setattr``, undone after it)."""
+    assign(ThreadBackend, "workers", workers)
+    assign(raybackend, "RayBackend", ThreadBackend)
