@@ -207,7 +207,8 @@ def check_partition_arrays(arrays: dict[str, np.ndarray], config: RunConfig, whe
 
     The file comes from another machine: labels out of range would index past the model's outputs
     (or silently train on nothing), and NaN, infinite or out-of-[0, 1] pixels would poison the
-    fingerprint and the global model. Every image the split produces is in [0, 1] (rotations clip).
+    fingerprint and the global model. Every image the split produces is in [0, 1] (rotations clip);
+    a tabular task's features need only be finite.
     """
     spec = dataset_spec(config.dataset)
     num_classes = int(arrays["num_classes"])
@@ -216,10 +217,10 @@ def check_partition_arrays(arrays: dict[str, np.ndarray], config: RunConfig, whe
         raise FedcondError(f"{where} claims {num_classes} classes, {config.dataset} has {spec.num_classes}; {fix}")
     for split in ("train", "test"):
         images, labels = arrays[f"{split}_x"], arrays[f"{split}_y"]
-        if images.ndim != 4 or images.shape[1:] != spec.image_shape or labels.shape != images.shape[:1]:
+        if images.shape[1:] != spec.input_shape or labels.shape != images.shape[:1]:
             raise FedcondError(
                 f"{where}: {split} arrays have shapes {images.shape} and {labels.shape}, expected (n, "
-                f"{', '.join(map(str, spec.image_shape))}) images and n labels; {fix}"
+                f"{', '.join(map(str, spec.input_shape))}) images and n labels; {fix}"
             )
         if not np.issubdtype(labels.dtype, np.integer) or not np.issubdtype(images.dtype, np.floating):
             raise FedcondError(f"{where}: {split} labels must be integers and images floats; {fix}")
@@ -230,7 +231,8 @@ def check_partition_arrays(arrays: dict[str, np.ndarray], config: RunConfig, whe
             )
         if not np.isfinite(images).all():
             raise FedcondError(f"{where}: {split} images hold NaN or infinite pixels; {fix}")
-        if images.size and (images.min() < 0 or images.max() > 1):
+        # Tabular features are real numbers of any sign (fedcond.tabular: Gaussian); pixels lie in [0, 1].
+        if not spec.tabular and images.size and (images.min() < 0 or images.max() > 1):
             raise FedcondError(
                 f"{where}: {split} pixels run from {images.min():g} to {images.max():g}, outside [0, 1]; {fix}"
             )

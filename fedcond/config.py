@@ -29,6 +29,7 @@ MAX_SEED = 2**32 - 1
 # values), and spectral fingerprints have at most as many values as the features have dimensions
 # (794 for MNIST's pixels + labels): beyond 1024 a run only pays memory and time for zero padding.
 MAX_FINGERPRINT_DIM = 1024
+MAX_ENSEMBLE_SIZE = 64
 
 
 def setting(default: Any, topic: str, help: str, before_it_existed: Any = None, bool_words: bool = False) -> Any:
@@ -134,7 +135,11 @@ class RunConfig:
     conditioning: str = setting(
         "concat",
         "fingerprint",
-        "how the model takes it: `concat` (the paper's), `film` or `hyper` (one module each in `fedcond/conditioning`)",
+        "how the model takes it: `concat` (the paper's), `film` or `hyper` on images; `mlp`, `lin` or `ens` (the "
+        "appendix's) on tabular tasks (one module each in `fedcond/conditioning`); 0 = the dataset's kind's first",
+    )
+    ensemble_size: int = setting(
+        8, "fingerprint", "`conditioning=ens` (tabular): the linear experts the fingerprint's softmax blends; 1..64"
     )
     hidden_units: int = setting(
         0,
@@ -217,6 +222,8 @@ class RunConfig:
         for key, value in defaults.items():
             if value < 0:
                 raise FedcondError(f"{key} must be 0 (the default) or positive (got {value})")
+        if not 1 <= self.ensemble_size <= MAX_ENSEMBLE_SIZE:
+            raise FedcondError(f"ensemble-size must be in 1..{MAX_ENSEMBLE_SIZE} (got {self.ensemble_size})")
         if self.held_out_clients < 0:
             raise FedcondError(f"held-out-clients must be 0 or more per cluster (got {self.held_out_clients})")
         if not (math.isfinite(self.dirichlet_alpha) and self.dirichlet_alpha > 0):

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcond.errors import FedcondError
+from fedcond.tabular import FEATURES, generate
 
 IDX_FILES = {
     "train_x": "train-images-idx3-ubyte.gz",
@@ -38,8 +39,9 @@ IDX_FILES = {
 
 
 @dataclass(frozen=True)
-class ImageDataset:
-    """Images as float32 ``(n, channels, height, width)`` in [0, 1], labels as int64."""
+class ArrayDataset:
+    """Samples as float32 arrays, labels as int64: images ``(n, channels, height, width)`` in [0, 1], or
+    tabular features ``(n, features)`` (``fedcond.tabular``)."""
 
     name: str
     train_x: np.ndarray
@@ -51,15 +53,18 @@ class ImageDataset:
     # classes), for scenarios that label by superclass; empty where the dataset has none.
     superclass_of: tuple[int, ...] = ()
     superclass_names: tuple[str, ...] = ()
+    # The synthetic tabular tasks' concept of every sample (``fedcond.tabular``: whose weight vector
+    # labelled it), train and test; empty for the image datasets, whose labels have one meaning.
+    train_concepts: np.ndarray | None = None
+    test_concepts: np.ndarray | None = None
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
     @property
-    def image_shape(self) -> tuple[int, int, int]:
-        channels, height, width = self.train_x.shape[1:]
-        return channels, height, width
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(size) for size in self.train_x.shape[1:])
 
 
 @dataclass(frozen=True)
@@ -68,11 +73,12 @@ class DatasetSpec:
 
     name: str
     num_classes: int
-    image_shape: tuple[int, int, int]
+    #: One sample's shape: (channels, height, width) for images, (features,) for tabular data.
+    input_shape: tuple[int, ...]
     # Local training defaults that learn at this dataset's size (docs/settings.md, "Per-dataset training defaults").
     local_epochs: int
     batch_size: int
-    load: Callable[[Path | None], ImageDataset]
+    load: Callable[[Path | None], ArrayDataset]
     #: What identifies the files ``load`` would read (None: found nowhere yet, or not cached):
     #: the key of the decoded copy in the cache folder.
     source: Callable[[Path | None], str | None] = lambda _data_dir: None
@@ -81,8 +87,13 @@ class DatasetSpec:
     #: decimals, experiments/results/channels-last; one-channel images gain nothing from it).
     channels_last: bool = False
 
+    @property
+    def tabular(self) -> bool:
+        """Feature vectors, not images: an MLP-sized model, no convolutions, no image encoder."""
+        return len(self.input_shape) == 1
 
-def _load_digits(_data_dir: Path | None) -> ImageDataset:
+
+def _load_digits(_data_dir: Path | None) -> ArrayDataset:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -93,7 +104,7 @@ def _load_digits(_data_dir: Path | None) -> ImageDataset:
     # large enough to measure (a client of 15 holds ~60 test samples) and never changes with `seed`.
     train_x, test_x, train_y, test_y = train_test_split(images, labels, test_size=0.5, stratify=labels, random_state=0)
     names = tuple(str(label) for label in range(10))
-    return ImageDataset("digits", train_x, train_y, test_x, test_y, names)
+    return ArrayDataset("digits", train_x, train_y, test_x, test_y, names)
 
 
 def read_idx_gz(path: Path) -> np.ndarray:
@@ -203,8 +214,8 @@ def _locate_idx_folder(name: str, data_dir: Path | None) -> Path:
         ) from None
 
 
-def _idx_loader(name: str, class_names: tuple[str, ...]) -> Callable[[Path | None], ImageDataset]:
-    def load(data_dir: Path | None) -> ImageDataset:
+def _idx_loader(name: str, class_names: tuple[str, ...]) -> Callable[[Path | None], ArrayDataset]:
+    def load(data_dir: Path | None) -> ArrayDataset:
         folder = _locate_idx_folder(name, data_dir)
         arrays = {key: read_idx_gz(folder / filename) for key, filename in IDX_FILES.items()}
         for split in ("train", "test"):
@@ -216,7 +227,7 @@ def _idx_loader(name: str, class_names: tuple[str, ...]) -> Callable[[Path | Non
                 )
             if labels.max() >= len(class_names):
                 raise FedcondError(f"{folder}: {split} labels exceed {len(class_names)} classes; wrong files?")
-        return ImageDataset(
+        return ArrayDataset(
             name,
             (arrays["train_x"].astype(np.float32) / 255.0)[:, None, :, :],
             arrays["train_y"].astype(np.int64),
@@ -228,7 +239,7 @@ def _idx_loader(name: str, class_names: tuple[str, ...]) -> Callable[[Path | Non
     return load
 
 
-def _cifar10(data_dir: Path | None) -> ImageDataset:
+def _cifar10(data_dir: Path | None) -> ArrayDataset:
     from fedcond.cifar import CIFAR10_CLASSES, load_cifar10_arrays
 
     arrays = load_cifar10_arrays(data_dir)
@@ -237,7 +248,7 @@ def _cifar10(data_dir: Path | None) -> ImageDataset:
     return _from_uint8("cifar10", arrays, CIFAR10_CLASSES, superclass_of, ("vehicle", "animal"))
 
 
-def _cifar100(data_dir: Path | None) -> ImageDataset:
+def _cifar100(data_dir: Path | None) -> ArrayDataset:
     from fedcond.cifar import load_cifar100_arrays
 
     arrays = load_cifar100_arrays(data_dir)
@@ -256,8 +267,8 @@ def _from_uint8(
     class_names: tuple[str, ...],
     superclass_of: tuple[int, ...],
     superclass_names: tuple[str, ...],
-) -> ImageDataset:
-    return ImageDataset(
+) -> ArrayDataset:
+    return ArrayDataset(
         name,
         arrays["train_x"].astype(np.float32) / 255.0,
         arrays["train_y"].astype(np.int64),
@@ -267,6 +278,15 @@ def _from_uint8(
         superclass_of,
         superclass_names,
     )
+
+
+def synthetic_dataset(task: str) -> ArrayDataset:
+    """One of the appendix's synthetic tabular tasks (``fedcond.tabular``): generated, never read."""
+    arrays = generate(task)
+    return ArrayDataset(
+        f"synthetic-{task}", arrays["train_x"], arrays["train_y"], arrays["test_x"], arrays["test_y"], ("0", "1"),
+        train_concepts=arrays["train_concepts"], test_concepts=arrays["test_concepts"],
+    )  # fmt: skip
 
 
 FASHION_CLASSES = (
@@ -289,6 +309,11 @@ DATASETS: dict[str, DatasetSpec] = {
         ),
         DatasetSpec("cifar10", 10, (3, 32, 32), local_epochs=1, batch_size=64, load=_cifar10, channels_last=True),
         DatasetSpec("cifar100", 100, (3, 32, 32), local_epochs=1, batch_size=64, load=_cifar100, channels_last=True),
+        # The appendix's synthetic task (fedcond.tabular): 100 samples per client, 10 features.
+        DatasetSpec(
+            "synthetic-logistic", 2, (FEATURES,), local_epochs=5, batch_size=16,
+            load=lambda _data_dir: synthetic_dataset("logistic"), source=lambda _data_dir: None,
+        ),
     )
 }  # fmt: skip
 
@@ -302,7 +327,7 @@ def dataset_spec(name: str) -> DatasetSpec:
 
 
 @functools.lru_cache(maxsize=4)
-def load_dataset(name: str, data_dir: Path | None = None) -> ImageDataset:
+def load_dataset(name: str, data_dir: Path | None = None) -> ArrayDataset:
     """Decode ``name`` once per process; every client of a Ray actor reuses the same arrays.
 
     Decoded once per machine, too: later processes map the cached copy (module docstring)."""
@@ -329,7 +354,7 @@ def _decoded_folder(key: str) -> Path:
     return cache_dir() / "decoded" / f"{key}-v{_DECODED_FORMAT}"
 
 
-def _read_decoded(name: str, key: str) -> ImageDataset | None:
+def _read_decoded(name: str, key: str) -> ArrayDataset | None:
     folder = _decoded_folder(key)
     try:
         meta = json.loads((folder / "meta.json").read_text())
@@ -339,7 +364,7 @@ def _read_decoded(name: str, key: str) -> ImageDataset | None:
         }
     except (OSError, ValueError, KeyError):
         return None  # not there (or unreadable): decode from the source files again
-    return ImageDataset(
+    return ArrayDataset(
         name, **arrays, class_names=tuple(meta["class_names"]), superclass_of=tuple(meta["superclass_of"]),
         superclass_names=tuple(meta["superclass_names"]),
     )  # fmt: skip
@@ -359,7 +384,7 @@ def _with_strides(mapped: np.ndarray, strides: list[int]) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(np.asarray(mapped), strides=tuple(strides), writeable=False)
 
 
-def _write_decoded(dataset: ImageDataset, key: str) -> None:
+def _write_decoded(dataset: ArrayDataset, key: str) -> None:
     """Write the decoded copy into a folder of its own, then rename it into place: a process that
     reads it never sees half of it, and of two processes writing at once one wins."""
     folder = _decoded_folder(key)

@@ -92,9 +92,16 @@ def check_encoder(source: str, client_datasets: tuple[str, ...]) -> None:
     encoder's images are held by no client by construction)."""
     if source == "pixels":
         return
+    tabular = [name for name in client_datasets if DATASETS[name].tabular]
+    if tabular:
+        raise FedcondError(
+            f"fingerprint-encoder '{source}' is an image encoder and {tabular[0]} is a tabular task, whose "
+            "fingerprint reads its features as they are; set fingerprint-encoder=pixels"
+        )
     dataset = reserved_source(source) or source
-    if dataset not in DATASETS:
-        choices = ", ".join([*DATASETS, *(f"{name}{RESERVED_SUFFIX}" for name in DATASETS)])
+    images = [name for name, spec in DATASETS.items() if not spec.tabular]
+    if dataset not in images:
+        choices = ", ".join([*images, *(f"{name}{RESERVED_SUFFIX}" for name in images)])
         raise FedcondError(f"unknown fingerprint-encoder '{source}'; use pixels or one of {choices}")
     if source in client_datasets:
         raise FedcondError(

@@ -1,7 +1,8 @@
 """Client fingerprints: the paper's top eigenvalues of Cov(Z), Z = [phi(x) || onehot(y)], and others.
 
 ``FINGERPRINTS`` maps each ``fingerprint`` setting to its spec: ``eigen`` (the paper's),
-``eigen-x`` (the same on phi(x) alone, for clients without labels), label-aware statistics that
+``eigen-x`` (the same on phi(x) alone, for clients without labels), ``eigenvector`` (the
+appendix's: the top eigenvectors themselves, not their eigenvalues), label-aware statistics that
 see label permutations and rotations (``class-mean``, ``label-cov``; ``class-eigen`` sees
 permutations only), and two controls (``random-id``: a pure client identifier; ``cluster-id``: the
 true cluster). docs/fingerprints.md says what each reveals.
@@ -23,6 +24,8 @@ from fedcond.errors import FedcondError
 # Below this many rows or columns a full SVD is cheaper than Lanczos iterations (and needs no k < rank).
 EXACT_SVD_LIMIT = 128
 LOG_FLOOR = 1e-4
+# An eigenvector entry below this is zero for the choice of its sign.
+SIGN_TOLERANCE = 1e-9
 STD_FLOOR = 1e-8
 
 
@@ -66,6 +69,46 @@ def eigen_fingerprint(
 ) -> np.ndarray:
     """The paper's fingerprint of one client's training data."""
     return covariance_eigenvalues(feature_matrix(images, labels, num_classes), dim, seed)
+
+
+def covariance_eigenvectors(features: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
+    """The top-``count`` eigenvectors of the sample covariance of ``features``, as rows, largest
+    eigenvalue first, zero rows where the rank runs out; flattened to ``count`` x features values.
+
+    An eigenvector is defined up to its sign: each is turned so that its last entry (the last label
+    column of Z) is positive, or where that is zero its largest entry, so that two clients of one
+    distribution get the same vector and not its negative.
+    """
+    num_samples, num_features = features.shape
+    if num_samples < 2:
+        raise FedcondError(f"a fingerprint needs at least 2 training samples, the client holds {num_samples}")
+    centred = features - features.mean(axis=0, keepdims=True)
+    components = min(count, num_samples - 1, num_features)
+    if min(num_samples, num_features) <= EXACT_SVD_LIMIT:
+        vectors = np.linalg.svd(centred, full_matrices=False)[2][:components]
+    else:
+        from scipy.sparse.linalg import svds
+
+        start = np.random.default_rng(seed).standard_normal(min(num_samples, num_features))
+        _, singular, right = svds(centred, k=components, v0=start, tol=0)
+        vectors = right[np.argsort(singular)[::-1]]
+    rows = np.zeros((count, num_features), dtype=np.float64)
+    for index, vector in enumerate(vectors):
+        pivot = vector[-1] if abs(vector[-1]) > SIGN_TOLERANCE else vector[np.argmax(np.abs(vector))]
+        rows[index] = vector if pivot >= 0 else -vector
+    return rows.ravel()
+
+
+def eigenvector_fingerprint(
+    features: np.ndarray, labels: np.ndarray, num_classes: int, count: int = 1, seed: int = 0
+) -> np.ndarray:
+    """The appendix's statistic: the first ``count`` eigenvectors of Cov(Z), Z = [phi(x) || onehot(y)].
+
+    With the labels in Z: where the clusters differ only in their concept (the same x, labelled by
+    another weight vector: ``concept-weights``), Cov(x) alone is the same for every cluster, and only
+    the cross-covariance Cov(x, y), which points along the concept's weight vector, tells them apart.
+    """
+    return covariance_eigenvectors(feature_matrix(features, labels, num_classes), count, seed)
 
 
 def label_free_fingerprint(images: np.ndarray, dim: int = 32, seed: int = 0) -> np.ndarray:
@@ -215,8 +258,8 @@ class FingerprintSpec:
     """One fingerprint: how it is computed, how long it is, and what it needs and is."""
 
     compute: Callable[[ClientSample], np.ndarray]
-    #: (dim, num_classes, num_clusters) -> length: what the conditioned model's input size must be.
-    size: Callable[[int, int, int], int]
+    #: (dim, num_classes, num_clusters, features of phi(x)) -> length: the conditioned model's input size.
+    size: Callable[[int, int, int, int], int]
     #: False for the controls, which read no sample (so no encoder need embed anything for them).
     needs_data: bool = True
     #: Entries are variances (non-negative, spanning decades): ``log`` scaling fits them.
@@ -226,7 +269,7 @@ class FingerprintSpec:
     reads_labels: bool = True
 
 
-def _per_class_size(dim: int, num_classes: int, _num_clusters: int) -> int:
+def _per_class_size(dim: int, num_classes: int, _num_clusters: int, _features: int) -> int:
     return num_classes * per_class_width(dim, num_classes)
 
 
@@ -234,12 +277,12 @@ def _per_class_size(dim: int, num_classes: int, _num_clusters: int) -> int:
 FINGERPRINTS: dict[str, FingerprintSpec] = {
     "eigen": FingerprintSpec(
         lambda s: eigen_fingerprint(s.features, s.labels, s.num_classes, s.dim, s.seed),
-        lambda dim, _classes, _clusters: dim,
+        lambda dim, _classes, _clusters, _features: dim,
         spectral=True,
     ),
     "eigen-x": FingerprintSpec(
         lambda s: label_free_fingerprint(s.features, s.dim, s.seed),
-        lambda dim, _classes, _clusters: dim,
+        lambda dim, _classes, _clusters, _features: dim,
         spectral=True,
         reads_labels=False,
     ),
@@ -252,12 +295,18 @@ FINGERPRINTS: dict[str, FingerprintSpec] = {
     "class-eigen": FingerprintSpec(
         lambda s: class_eigen(s.features, s.labels, s.num_classes, s.dim, s.seed), _per_class_size, spectral=True
     ),
+    "eigenvector": FingerprintSpec(
+        lambda s: eigenvector_fingerprint(s.features, s.labels, s.num_classes, s.dim, s.seed),
+        lambda dim, classes, _clusters, features: dim * (features + classes),
+    ),
     "random-id": FingerprintSpec(
-        lambda s: random_id(s.dim, s.seed, s.partition_id), lambda dim, _classes, _clusters: dim, needs_data=False
+        lambda s: random_id(s.dim, s.seed, s.partition_id),
+        lambda dim, _classes, _clusters, _features: dim,
+        needs_data=False,
     ),
     "cluster-id": FingerprintSpec(
         lambda s: cluster_one_hot(s.cluster, s.num_clusters),
-        lambda _dim, _classes, clusters: clusters,
+        lambda _dim, _classes, clusters, _features: clusters,
         needs_data=False,
     ),
 }
@@ -292,9 +341,35 @@ def check_label_free(name: str, scenario: str) -> None:
         )
 
 
-def fingerprint_size(name: str, dim: int, num_classes: int, num_clusters: int) -> int:
-    """The length of fingerprint ``name``: what the conditioned model's input size must be."""
-    return fingerprint_spec(name).size(dim, num_classes, num_clusters)
+def phi_features(dataset: str, encoder: str) -> int:
+    """How many values phi(x) has per sample of ``dataset``: the frozen ``encoder``'s embedding, else
+    the pixels (or a tabular task's features)."""
+    from fedcond.datasets import dataset_spec
+
+    if encoder != "pixels":
+        from fedcond.encoder import EMBEDDING_DIM
+
+        return EMBEDDING_DIM
+    return int(np.prod(dataset_spec(dataset).input_shape))
+
+
+def check_fingerprint_dim(name: str, dim: int, dataset: str, encoder: str) -> None:
+    """``eigenvector`` keeps fingerprint-dim eigenvectors of Cov(Z): no more than Z has dimensions."""
+    if name != "eigenvector":
+        return
+    from fedcond.datasets import dataset_spec
+
+    dimensions = phi_features(dataset, encoder) + dataset_spec(dataset).num_classes
+    if dim > dimensions:
+        raise FedcondError(
+            f"fingerprint eigenvector keeps fingerprint-dim eigenvectors of the {dimensions}-dimensional Z of "
+            f"{dataset}; set fingerprint-dim to 1..{dimensions} (the appendix's: 1), not {dim}"
+        )
+
+
+def fingerprint_size(name: str, dim: int, num_classes: int, num_clusters: int, num_features: int) -> int:
+    """The length of fingerprint ``name`` (``num_features``: of phi(x)): the conditioned model's input size."""
+    return fingerprint_spec(name).size(dim, num_classes, num_clusters, num_features)
 
 
 def compute_fingerprint(name: str, sample: ClientSample) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""The backbone CNNs, optionally conditioned on the client fingerprint.
+"""The models: backbone CNNs for images and linear models for tabular tasks, optionally conditioned on
+the client fingerprint.
 
 How the fingerprint enters is a conditioning mechanism (``conditioning``), one module each in
 ``fedcond/conditioning`` (concat, the paper's; film; hyper), all on the same conv stack and FC
@@ -16,10 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedcond.conditioning import mechanism
+from fedcond.conditioning import check_conditioning_for, mechanism
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.fingerprint import fingerprint_size
+from fedcond.fingerprint import fingerprint_size, phi_features
 
 
 def small_features(channels: int) -> nn.Sequential:
@@ -95,39 +96,101 @@ class ConditionalCNN(nn.Module):
         return self.mechanism.logits(self, features, condition.expand(len(features), -1))
 
 
+#: The tabular MLP's hidden units when ``hidden-units`` is 0.
+TABULAR_HIDDEN = 64
+
+
+class TabularModel(nn.Module):
+    """A model over feature vectors. Unconditioned: a linear model (logistic regression on a
+    classification task), the model class of the appendix's references (Global, Cluster, Client).
+    Conditioned by concat, film or hyper: an MLP, features -> FC hidden -> ReLU -> FC outputs, that
+    takes s as on the CNN (concat is the appendix's "MLP"); by lin or ens: the network that
+    mechanism builds (``fedcond/conditioning``)."""
+
+    def __init__(
+        self,
+        num_features: int,
+        num_classes: int,
+        condition_dim: int = 0,
+        conditioning: str = "concat",
+        hidden_units: int = 0,
+        ensemble_size: int = 8,
+    ) -> None:
+        super().__init__()
+        self.num_features = num_features
+        self.num_classes = num_classes
+        self.condition_dim = condition_dim
+        self.ensemble_size = ensemble_size
+        self.conditioning = conditioning if condition_dim else "concat"
+        if not condition_dim:
+            self.linear = nn.Linear(num_features, num_classes)
+            return
+        self.mechanism = mechanism(conditioning)
+        hidden = hidden_units or TABULAR_HIDDEN
+        if not self.mechanism.builds_own_model:
+            self.classifier = nn.Sequential(
+                nn.Linear(num_features + self.mechanism.first_layer_inputs(condition_dim), hidden),
+                nn.ReLU(),
+                nn.Linear(hidden, num_classes),
+            )
+        self.mechanism.add_modules(self, condition_dim, hidden, num_classes)
+
+    def forward(self, features: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.condition_dim:
+            return self.linear(features)
+        if condition is None:
+            raise ValueError("a conditioned model needs its client's fingerprint")
+        return self.mechanism.logits(self, features, condition.expand(len(features), -1))
+
+
 def build_model(
-    image_shape: tuple[int, int, int],
+    input_shape: tuple[int, ...],
     num_classes: int,
     condition_dim: int,
     seed: int,
     conditioning: str = "concat",
     hidden_units: int = 0,
-) -> ConditionalCNN:
-    """A freshly initialised backbone; the same seed gives the same weights on every machine."""
+    ensemble_size: int = 8,
+) -> nn.Module:
+    """A freshly initialised model, a CNN for images and a ``TabularModel`` for feature vectors; the
+    same seed gives the same weights on every machine."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model = ConditionalCNN(image_shape, num_classes, condition_dim, conditioning, hidden_units)
+    if len(input_shape) == 1:
+        check_conditioning_for(conditioning, "tabular", "a tabular task")
+        model: nn.Module = TabularModel(
+            input_shape[0], num_classes, condition_dim, conditioning, hidden_units, ensemble_size
+        )
+    else:
+        check_conditioning_for(conditioning, "cnn", "an image dataset")
+        model = ConditionalCNN(input_shape, num_classes, condition_dim, conditioning, hidden_units)  # type: ignore[arg-type]
     torch.random.set_rng_state(generator_state)
     return model
 
 
-def build_run_model(config: RunConfig, num_classes: int, conditioned: bool, seed: int | None = None) -> ConditionalCNN:
-    """The backbone of a run, as the server and every client build it (``seed`` defaults to the run's)."""
+def run_fingerprint_size(config: RunConfig, num_classes: int) -> int:
+    """The length of the run's fingerprint: the conditioned model's input size."""
+    return fingerprint_size(
+        config.fingerprint,
+        config.fingerprint_dim,
+        num_classes,
+        config.num_clusters,
+        phi_features(config.dataset, config.fingerprint_encoder),
+    )
+
+
+def build_run_model(config: RunConfig, num_classes: int, conditioned: bool, seed: int | None = None) -> nn.Module:
+    """The model of a run, as the server and every client build it (``seed`` defaults to the run's)."""
     from fedcond.datasets import dataset_spec
 
-    condition_dim = (
-        fingerprint_size(config.fingerprint, config.fingerprint_dim, num_classes, config.num_clusters)
-        if conditioned
-        else 0
-    )
-    image_shape = dataset_spec(config.dataset).image_shape
     return build_model(
-        image_shape,
+        dataset_spec(config.dataset).input_shape,
         num_classes,
-        condition_dim,
+        run_fingerprint_size(config, num_classes) if conditioned else 0,
         config.seed if seed is None else seed,
         config.conditioning,
         config.hidden_units,
+        config.ensemble_size,
     )
 
 

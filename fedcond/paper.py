@@ -32,7 +32,19 @@ EXPERIMENTS = {
     "concept-permutation": "E3b",
     "domain": "E4a",
     "combined": "E4b",
+    "concept-weights": "MCDC-synthetic",  # the appendix (APPENDIX_EXPERIMENT)
 }
+# The appendix's synthetic tasks (Tables VI-VII, ``concept-weights``): their experiment id, our
+# dataset -> the CSV's task label (its config column), and our methods -> its columns: the references
+# Global, Cluster, Client, and the conditional models by mechanism, fed the first eigenvector.
+APPENDIX_EXPERIMENT = EXPERIMENTS["concept-weights"]
+APPENDIX_DATASET = "synthetic (10 features)"
+APPENDIX_TASKS = {"synthetic-logistic": "Logreg"}
+APPENDIX_REFERENCES = {
+    "fedavg": "Global", "pooled-global": "Global", "oracle": "Cluster", "pooled-oracle": "Cluster", "local": "Client",
+}  # fmt: skip
+APPENDIX_MECHANISMS = {"ens": "Ens", "concat": "MLP", "lin": "Lin"}
+APPENDIX_FINGERPRINT = "eigenvector"
 # Our dataset names and the CSV's. The domain scenario (E4a) records one of its two sources as its
 # dataset; the paper names the pair.
 DATASETS = {"mnist": "MNIST", "fashion-mnist": "FMNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
@@ -118,7 +130,10 @@ def _optional_int(text: str) -> int | None:
 
 
 def _configuration(row: Mapping[str, str]) -> str:
-    """E2b's rotation set from the CSV's config label ("MNIST C3"; Table I's "FMNIST rot. K=4")."""
+    """E2b's rotation set from the CSV's config label ("MNIST C3"; Table I's "FMNIST rot. K=4"); the
+    appendix's synthetic task ("Logreg")."""
+    if row["experiment"] == APPENDIX_EXPERIMENT:
+        return row["config"]
     if row["experiment"] != "E2b":
         return ""
     if row["table"] == "I":
@@ -137,7 +152,8 @@ def load_cells(path: Path | None = None) -> tuple[PaperCell, ...]:
         raise FedcondError(f"no paper results at {path}; restore experiments/paper/results.csv") from None
     cells = []
     for row in rows:
-        if row["metric"] != "accuracy" or not row["k"].strip() or not row["experiment"].startswith("E"):
+        experiment = row["experiment"]
+        if row["metric"] != "accuracy" or not row["k"].strip() or not experiment.startswith(("E", APPENDIX_EXPERIMENT)):
             continue
         cells.append(
             PaperCell(
@@ -188,9 +204,34 @@ class PaperSetting:
         )
 
 
+def appendix_setting(row: Mapping[str, object]) -> PaperSetting | str:
+    """The appendix's name (Tables VI-VII) for a tidy row of ``concept-weights``, or why it has none."""
+    method, dataset = str(row["method"]), str(row["dataset"])
+    if dataset not in APPENDIX_TASKS:
+        return f"the appendix has no {dataset} results"
+    if method in APPENDIX_REFERENCES:
+        column = APPENDIX_REFERENCES[method]
+    elif method in ("conditional", "pooled-conditional"):
+        fingerprint, conditioning = str(row.get("fingerprint", "")), str(row.get("conditioning", ""))
+        if fingerprint != APPENDIX_FINGERPRINT or conditioning not in APPENDIX_MECHANISMS:
+            return (
+                f"{method} with fingerprint {fingerprint} and conditioning {conditioning} is our variant (the "
+                f"appendix's are {APPENDIX_FINGERPRINT} + {', '.join(APPENDIX_MECHANISMS)})"
+            )
+        column = APPENDIX_MECHANISMS[conditioning]
+    else:
+        return f"the appendix has no {method} column (Global, Cluster, Client, Ens, MLP, Lin)"
+    return PaperSetting(
+        APPENDIX_EXPERIMENT, APPENDIX_DATASET, int(str(row["num_clusters"])), int(str(row["clients_per_cluster"])),
+        APPENDIX_TASKS[dataset], column,
+    )  # fmt: skip
+
+
 def paper_setting(row: Mapping[str, object]) -> PaperSetting | str:
     """The paper's name for the setting of one of our tidy rows, or why the paper has none."""
     method, scenario, dataset = str(row["method"]), str(row["scenario"]), str(row["dataset"])
+    if EXPERIMENTS.get(scenario) == APPENDIX_EXPERIMENT:
+        return appendix_setting(row)
     if method not in METHODS:
         return f"{method} is none of the paper's methods (a named variant of ours has no published number)"
     if METHODS[method] == "Conditional":
@@ -283,4 +324,6 @@ def lookup(row: Mapping[str, object], cells: tuple[PaperCell, ...] | None = None
         )
     if setting.experiment == "E2b" and "I" in tables:
         notes.append("Table I's E2b row ('FMNIST rot. K=4') is rotation set C3")
+    if setting.experiment == APPENDIX_EXPERIMENT and setting.method in APPENDIX_MECHANISMS.values():
+        notes.append("the appendix conditions on the first eigenvector: fingerprint-dim=1")
     return PaperMatch(value, tuple(tables), tuple((other, tuple(where)) for other, where in others), tuple(notes))

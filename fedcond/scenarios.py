@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedcond.config import RunConfig
-from fedcond.datasets import ImageDataset, dataset_spec, load_dataset
+from fedcond.datasets import ArrayDataset, dataset_spec, load_dataset
 from fedcond.drift import drift_partners
 from fedcond.errors import FedcondError
+from fedcond.fingerprint import check_fingerprint_dim
 
 MIN_TRAIN_SAMPLES_PER_CLIENT = 2
 MIN_TEST_SAMPLES_PER_CLIENT = 1
@@ -122,7 +123,7 @@ class Scenario:
         }
 
 
-Loader = Callable[[str], ImageDataset]
+Loader = Callable[[str], ArrayDataset]
 
 
 def format_summary(summary: dict[str, object]) -> str:
@@ -217,7 +218,7 @@ class _Builder:
             return train_pool
         return np.setdiff1d(train_pool, reserved_train_indices(self.load(source).train_y), assume_unique=True)
 
-    def disjoint_shares(self, dataset: ImageDataset) -> list[tuple[np.ndarray, np.ndarray]]:
+    def disjoint_shares(self, dataset: ArrayDataset) -> list[tuple[np.ndarray, np.ndarray]]:
         """All samples split into K disjoint shares: clusters that see the same distribution."""
         count = self.config.num_clusters
         train = _split_evenly(np.arange(len(dataset.train_y)), count, self.rng)
@@ -264,7 +265,7 @@ def label_shift(load: Loader, config: RunConfig) -> Scenario:
     return builder.scenario("label-shift", dataset.name, num_classes)
 
 
-def _label_shift_groups(dataset: ImageDataset, num_clusters: int) -> list[np.ndarray]:
+def _label_shift_groups(dataset: ArrayDataset, num_clusters: int) -> list[np.ndarray]:
     """Contiguous class groups; superclasses when K equals their count (CIFAR-10 K=2, CIFAR-100 K=20)."""
     if dataset.superclass_names and num_clusters == len(dataset.superclass_names):
         superclass_of = np.array(dataset.superclass_of)
@@ -424,6 +425,29 @@ def domain(load: Loader, config: RunConfig) -> Scenario:
     return builder.scenario("domain", "mnist+fashion-mnist", 10)
 
 
+def concept_weights(load: Loader, config: RunConfig) -> Scenario:
+    """The appendix's tabular concept shift: cluster k holds the samples of concept k, the same
+    Gaussian features labelled through its own weight vector w_k (``fedcond.tabular``)."""
+    from fedcond.tabular import CONCEPTS
+
+    if not 1 <= config.num_clusters <= CONCEPTS:
+        raise FedcondError(
+            f"concept-weights has {CONCEPTS} concepts; set num-clusters to 1..{CONCEPTS} (got {config.num_clusters})"
+        )
+    dataset = load(config.dataset)
+    builder = _Builder(config, load)
+    identity = np.arange(dataset.num_classes)
+    for concept in range(config.num_clusters):
+        builder.add_cluster(
+            f"labelled by concept {concept}'s weights",
+            np.flatnonzero(dataset.train_concepts == concept),
+            np.flatnonzero(dataset.test_concepts == concept),
+            identity,
+            dataset.name,
+        )
+    return builder.scenario("concept-weights", dataset.name, dataset.num_classes)
+
+
 def _label_partitions(config: RunConfig, labels: np.ndarray, count: int) -> list[np.ndarray]:
     """``count`` disjoint client shares of the training samples by flwr-datasets' partitioner for the
     scenario (Dirichlet label skew, or k classes per client), run on the labels as a local table."""
@@ -517,6 +541,8 @@ class ScenarioKind:
     #: True: every cluster holds the same images and the clusters differ only in their labels, so a
     #: fingerprint that reads no labels is the same, in distribution, for each of them.
     labels_only: bool = False
+    #: True: it splits a tabular task (``DatasetSpec.tabular``), and only those; False: images only.
+    tabular: bool = False
 
 
 SCENARIOS: dict[str, ScenarioKind] = {
@@ -529,6 +555,7 @@ SCENARIOS: dict[str, ScenarioKind] = {
     "combined": ScenarioKind(combined),
     "dirichlet": ScenarioKind(label_partitioned, clustered=False),
     "pathological": ScenarioKind(label_partitioned, clustered=False),
+    "concept-weights": ScenarioKind(concept_weights, labels_only=True, tabular=True),
 }
 #: The scenarios without true clusters (from the table).
 UNCLUSTERED_SCENARIOS = tuple(name for name, kind in SCENARIOS.items() if not kind.clustered)
@@ -558,10 +585,19 @@ def build_scenario(config: RunConfig, load: Loader | None = None) -> Scenario:
 
 def validate_without_data(config: RunConfig) -> None:
     """Every check that needs no data files: cheap enough for any entry point to run first."""
+    from fedcond.conditioning import check_conditioning_for
     from fedcond.encoder import check_encoder
 
-    dataset_spec(config.dataset)
+    spec = dataset_spec(config.dataset)
     kind = scenario_kind(config.scenario)
+    if kind.tabular != spec.tabular:
+        matching = ", ".join(name for name, other in SCENARIOS.items() if other.tabular == spec.tabular)
+        raise FedcondError(
+            f"scenario {config.scenario} splits {'tabular tasks' if kind.tabular else 'images'}, and {config.dataset} "
+            f"{'is a tabular task' if spec.tabular else 'holds images'}; choose a scenario of {matching}"
+        )
+    check_conditioning_for(config.conditioning, "tabular" if spec.tabular else "cnn", config.dataset)
+    check_fingerprint_dim(config.fingerprint, config.fingerprint_dim, config.dataset, config.fingerprint_encoder)
     check_unclustered(config)
     if config.drift_fraction and (config.num_clusters < 2 or not kind.clustered):
         raise FedcondError(

@@ -15,6 +15,7 @@ from fedcond import fingerprint as fp
 from fedcond import statistics_encoding as statistics
 from fedcond.errors import FedcondError
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
+from fedcond.models import run_fingerprint_size
 from fedcond.participation import STATISTICS, RoundParticipation
 from strategies.base import EMPTY
 from strategies.fedavg import FedcondFedAvg
@@ -37,8 +38,8 @@ class ConditionalFedAvg(FedcondFedAvg):
         (f, f^2, 1) (exact digits: fedcond.statistics_encoding), into every later instruction. A client that
         drops out is left out of the statistics; fewer than ``secagg-min-clients`` stop the run."""
         config = self.inputs.config
-        num_classes, clusters = self.inputs.num_classes, config.num_clusters
-        dim = fp.fingerprint_size(config.fingerprint, config.fingerprint_dim, num_classes, clusters)
+        num_classes = self.inputs.num_classes
+        dim = run_fingerprint_size(config, num_classes)
         participation = RoundParticipation(0, self.training_partitions)
         question = {STEP: STEP_STATISTICS, SERVER_ROUND: 0}
         instructions = [

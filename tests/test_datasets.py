@@ -28,7 +28,7 @@ def write_fake_mnist(folder: Path, train: int = 40, test: int = 20) -> None:
 
 def test_digits_needs_no_files_and_is_scaled():
     digits = load_dataset("digits")
-    assert digits.image_shape == (1, 8, 8) and digits.num_classes == 10
+    assert digits.input_shape == (1, 8, 8) and digits.num_classes == 10
     assert len(digits.train_y) + len(digits.test_y) == 1797
     assert digits.train_x.min() >= 0 and digits.train_x.max() <= 1
 

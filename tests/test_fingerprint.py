@@ -125,9 +125,10 @@ def test_a_label_free_fingerprint_asked_to_see_a_label_permutation_is_refused_in
 
 
 def test_fingerprint_sizes_and_controls():
-    assert fp.fingerprint_size("eigen", 32, 10, 2) == 32 == fp.fingerprint_size("random-id", 32, 10, 2)
-    assert fp.fingerprint_size("class-mean", 32, 10, 2) == 30 == fp.fingerprint_size("class-eigen", 32, 10, 2)
-    assert fp.fingerprint_size("cluster-id", 32, 10, 4) == 4
+    assert fp.fingerprint_size("eigen", 32, 10, 2, 784) == 32 == fp.fingerprint_size("random-id", 32, 10, 2, 784)
+    assert fp.fingerprint_size("class-mean", 32, 10, 2, 784) == 30 == fp.fingerprint_size("class-eigen", 32, 10, 2, 784)
+    assert fp.fingerprint_size("cluster-id", 32, 10, 4, 784) == 4
+    assert fp.fingerprint_size("eigenvector", 2, 10, 4, 784) == 2 * 794  # two eigenvectors of Z = [x || onehot(y)]
     images, labels = np.zeros((4, 1, 4, 4)), np.array([0, 1, 0, 1])
     ids = [
         fp.compute_fingerprint("random-id", fp.ClientSample(images, labels, 2, 8, partition_id=client, num_clusters=2))
@@ -164,6 +165,6 @@ def test_the_fingerprint_table_describes_each_fingerprint():
     empty = fp.ClientSample(np.zeros((0, 4)), np.zeros(0, dtype=int), num_classes=10, dim=32, num_clusters=3)
     for name, spec in fp.FINGERPRINTS.items():
         if not spec.needs_data:
-            assert len(spec.compute(empty)) == spec.size(32, 10, 3), name
+            assert len(spec.compute(empty)) == spec.size(32, 10, 3, 4), name
     assert {name for name, spec in fp.FINGERPRINTS.items() if spec.spectral} == {"eigen", "eigen-x", "class-eigen"}
     assert {name for name, spec in fp.FINGERPRINTS.items() if spec.needs_data and not spec.reads_labels} == {"eigen-x"}

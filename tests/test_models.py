@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedcond.conditioning import MECHANISMS, mechanism
+from fedcond.conditioning import MECHANISMS, conditions, mechanism
 from fedcond.errors import FedcondError
-from fedcond.models import build_model, count_parameters, get_weights, set_weights
+from fedcond.models import TABULAR_HIDDEN, build_model, count_parameters, get_weights, set_weights
 
 
 def test_paper_mnist_network_has_425738_parameters_when_conditioned():
@@ -39,7 +39,18 @@ def test_concat_keeps_its_seeded_weights_and_film_starts_as_the_plain_network():
     torch.testing.assert_close(film(images, torch.zeros(1, 4)), film(images, torch.ones(1, 4)))
 
 
-@pytest.mark.parametrize("conditioning", list(MECHANISMS))
+CNN_MECHANISMS = [name for name in MECHANISMS if conditions(name, "cnn")]
+TABULAR_MECHANISMS = [name for name in MECHANISMS if conditions(name, "tabular")]
+#: A small input of each model kind, and the hidden units its conditioned network has by default.
+KIND_SHAPE = {"cnn": ((1, 8, 8), 128), "tabular": ((10,), TABULAR_HIDDEN)}
+
+
+def test_every_mechanism_conditions_some_model():
+    assert set(CNN_MECHANISMS) | set(TABULAR_MECHANISMS) == set(MECHANISMS)
+    assert {"concat", "film", "hyper"} <= set(TABULAR_MECHANISMS) and {"lin", "ens"}.isdisjoint(CNN_MECHANISMS)
+
+
+@pytest.mark.parametrize("conditioning", CNN_MECHANISMS)
 @pytest.mark.parametrize(("shape", "hidden"), [((1, 28, 28), 128), ((1, 8, 8), 128), ((3, 32, 32), 256)])
 def test_every_mechanism_in_the_table_is_its_module_and_adds_what_it_says(conditioning, shape, hidden):
     """One line in fedcond.conditioning.MECHANISMS and one module defining MECHANISM: its name is its
@@ -51,17 +62,54 @@ def test_every_mechanism_in_the_table_is_its_module_and_adds_what_it_says(condit
     assert conditioned - plain == chosen.extra_parameters(6, hidden, 10)
 
 
-@pytest.mark.parametrize("conditioning", list(MECHANISMS))
-def test_every_conditioning_trains_and_uses_the_fingerprint(conditioning):
-    model = build_model((1, 8, 8), 10, 4, seed=0, conditioning=conditioning)
-    images, labels = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
-    loss = torch.nn.functional.cross_entropy(model(images, torch.ones(1, 4)), labels)
+@pytest.mark.parametrize("conditioning", TABULAR_MECHANISMS)
+def test_every_tabular_mechanism_adds_what_it_says_to_the_linear_model(conditioning):
+    """Unconditioned, a tabular model is a linear model (10 x 2 + 2); concat, film and hyper condition
+    an MLP over the features (concat: the appendix's MLP), lin and ens build their own network."""
+    chosen = mechanism(conditioning)
+    assert count_parameters(build_model((10,), 2, 0, seed=0)) == 22
+    conditioned = count_parameters(build_model((10,), 2, 12, seed=0, conditioning=conditioning))
+    mlp = 10 * TABULAR_HIDDEN + TABULAR_HIDDEN + TABULAR_HIDDEN * 2 + 2  # the MLP the first three condition
+    plain = 22 if chosen.builds_own_model else mlp
+    assert conditioned - plain == chosen.extra_parameters(12, TABULAR_HIDDEN, 2, 10)
+
+
+@pytest.mark.parametrize(
+    ("conditioning", "parameters"),
+    # lin: Linear(12 -> 2 x 11); ens: 8 experts Linear(10 -> 2) and a gate Linear(12 -> 8).
+    [("lin", 13 * 22), ("ens", 8 * 22 + 13 * 8), ("concat", 22 * 64 + 64 + 64 * 2 + 2)],
+)
+def test_the_appendix_mechanisms_have_the_size_of_their_equations(conditioning, parameters):
+    assert count_parameters(build_model((10,), 2, 12, seed=0, conditioning=conditioning)) == parameters
+
+
+def test_lin_starts_as_one_shared_linear_model_and_ens_as_an_even_blend():
+    features = torch.randn(5, 10)
+    for conditioning in ("lin", "ens"):
+        model = build_model((10,), 2, 4, seed=0, conditioning=conditioning)
+        torch.testing.assert_close(model(features, torch.zeros(1, 4)), model(features, torch.randn(1, 4)))
+
+
+@pytest.mark.parametrize(("conditioning", "kind"), [(name, "cnn") for name in CNN_MECHANISMS]
+                         + [(name, "tabular") for name in TABULAR_MECHANISMS])  # fmt: skip
+def test_every_conditioning_trains_and_uses_the_fingerprint(conditioning, kind):
+    shape, _ = KIND_SHAPE[kind]
+    model = build_model(shape, 10, 4, seed=0, conditioning=conditioning)
+    inputs, labels = torch.rand(16, *shape), torch.randint(0, 10, (16,))
+    loss = torch.nn.functional.cross_entropy(model(inputs, torch.ones(1, 4)), labels)
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.1 * parameter.grad)
-    assert not torch.allclose(model(images, torch.zeros(1, 4)), model(images, torch.ones(1, 4)))
+    assert not torch.allclose(model(inputs, torch.zeros(1, 4)), model(inputs, torch.ones(1, 4)))
+
+
+def test_a_mechanism_is_refused_on_a_model_it_does_not_condition():
+    with pytest.raises(FedcondError, match="conditioning=lin is not offered for the cnn model"):
+        build_model((1, 8, 8), 10, 4, seed=0, conditioning="lin")
+    with pytest.raises(FedcondError, match="unknown conditioning"):
+        build_model((10,), 2, 4, seed=0, conditioning="mlp")
 
 
 def test_conditioning_changes_the_output():

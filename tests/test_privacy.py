@@ -30,7 +30,7 @@ from fedcond import fingerprint as fp
 from fedcond import privacy
 from fedcond.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
 from fedcond.client_data import client_fingerprint, load_client_data
-from fedcond.conditioning import MECHANISMS
+from fedcond.conditioning import MECHANISMS, conditions
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import ERROR
@@ -59,10 +59,17 @@ def federation(config: RunConfig):
     return clients, raws, raws.mean(axis=0), raws.std(axis=0)
 
 
+#: Each mechanism on a run of a model it conditions: digits' CNN, or the tabular task's MLP / own network.
+TABULAR = {"dataset": "synthetic-logistic", "scenario": "concept-weights", "data-fraction": 0.01}
+MECHANISM_RUNS = [pytest.param(name, {} if conditions(name, "cnn") else TABULAR, id=name) for name in MECHANISMS] + [
+    pytest.param(name, TABULAR, id=f"{name}-tabular") for name in ("concat", "hyper")
+]
+
+
 # -- the attack ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("conditioning", list(MECHANISMS))
-def test_one_plain_update_gives_the_server_the_clients_fingerprint(conditioning):
-    config = small_config(conditioning=conditioning)
+@pytest.mark.parametrize(("conditioning", "task"), MECHANISM_RUNS)
+def test_one_plain_update_gives_the_server_the_clients_fingerprint(conditioning, task):
+    config = small_config(conditioning=conditioning, **task)
     clients, raws, mean, std = federation(config)
     data = clients[0]
     fed = fp.standardise(raws[0], mean, std)
@@ -112,14 +119,15 @@ def test_the_attack_refuses_an_unconditioned_model_and_a_foreign_update():
 
 # -- DP-SGD through Opacus -------------------------------------------------------------------------
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-@pytest.mark.parametrize("conditioning", list(MECHANISMS))
-def test_opacus_per_sample_gradients_add_up_to_the_batch_gradient(conditioning):
+@pytest.mark.parametrize(("conditioning", "task"), MECHANISM_RUNS)
+def test_opacus_per_sample_gradients_add_up_to_the_batch_gradient(conditioning, task):
     from opacus import GradSampleModule
 
     privacy.per_sample_gradient_layers()
-    model = build_model((1, 8, 8), 10, condition_dim=4, seed=0, conditioning=conditioning)
+    shape = (10,) if task else (1, 8, 8)
+    model = build_model(shape, 10, condition_dim=4, seed=0, conditioning=conditioning)
     generator = torch.Generator().manual_seed(0)
-    images, labels = torch.rand((6, 1, 8, 8), generator=generator), torch.randint(0, 10, (6,), generator=generator)
+    images, labels = torch.rand((6, *shape), generator=generator), torch.randint(0, 10, (6,), generator=generator)
     condition = torch.randn((1, 4), generator=generator)
     wrapped = GradSampleModule(model, loss_reduction="sum")
     nn.functional.cross_entropy(wrapped(images, condition), labels, reduction="sum").backward()

@@ -88,7 +88,7 @@ def test_wrong_number_of_nodes_stops_before_training(tmp_path, capsys):
 SCENARIO_DATASETS = {
     "covariate-rotation": "digits", "concept-permutation": "digits", "concept-semantic": "mnist",
     "domain": "mnist", "covariate-subclass": "cifar10", "combined": "cifar10",
-    "dirichlet": "digits", "pathological": "digits",
+    "dirichlet": "digits", "pathological": "digits", "concept-weights": "synthetic-logistic",
 }  # fmt: skip
 
 

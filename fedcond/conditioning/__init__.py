@@ -19,11 +19,17 @@ from fedcond.errors import FedcondError
 if TYPE_CHECKING:
     from fedcond.conditioning.base import Mechanism
 
-# The one table of conditioning mechanisms: name -> its module (docs/fingerprints.md compares them).
-MECHANISMS = {
-    "concat": "fedcond.conditioning.concat",
-    "film": "fedcond.conditioning.film",
-    "hyper": "fedcond.conditioning.hyper",
+# The one table of conditioning mechanisms: name -> its module and the models it conditions ("cnn":
+# images, ``fedcond.models.ConditionalCNN``; "tabular": ``fedcond.models.TabularModel``), here and not
+# in the modules so that checking a setting imports none of them (docs/fingerprints.md compares them).
+MECHANISMS: dict[str, tuple[str, frozenset[str]]] = {
+    # On a tabular model these three condition an MLP, features -> FC hidden -> ReLU -> FC outputs:
+    # concat there is the appendix's "MLP", the fingerprint concatenated to the features.
+    "concat": ("fedcond.conditioning.concat", frozenset({"cnn", "tabular"})),
+    "film": ("fedcond.conditioning.film", frozenset({"cnn", "tabular"})),
+    "hyper": ("fedcond.conditioning.hyper", frozenset({"cnn", "tabular"})),
+    "lin": ("fedcond.conditioning.lin", frozenset({"tabular"})),
+    "ens": ("fedcond.conditioning.ens", frozenset({"tabular"})),
 }
 
 
@@ -32,7 +38,22 @@ def check_conditioning(name: str) -> None:
         raise FedcondError(f"unknown conditioning '{name}'; choose one of {', '.join(MECHANISMS)}")
 
 
+def conditions(name: str, model_kind: str) -> bool:
+    """Whether mechanism ``name`` conditions a ``model_kind`` model ("cnn" or "tabular")."""
+    check_conditioning(name)
+    return model_kind in MECHANISMS[name][1]
+
+
+def check_conditioning_for(name: str, model_kind: str, dataset: str) -> None:
+    """Mechanism ``name`` on a ``model_kind`` model: refused in one line where it is not offered."""
+    if not conditions(name, model_kind):
+        offered = ", ".join(key for key in MECHANISMS if conditions(key, model_kind))
+        raise FedcondError(
+            f"conditioning={name} is not offered for the {model_kind} model of {dataset}; choose one of {offered}"
+        )
+
+
 def mechanism(name: str) -> Mechanism:
     """The mechanism ``name`` (its module imported now)."""
     check_conditioning(name)
-    return importlib.import_module(MECHANISMS[name]).MECHANISM
+    return importlib.import_module(MECHANISMS[name][0]).MECHANISM

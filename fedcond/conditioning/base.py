@@ -18,6 +18,9 @@ class Mechanism:
 
     name: str = ""
     summary: str = ""
+    #: False: it conditions the model's FC hidden layer and head (a CNN's, a tabular model's MLP);
+    #: True: it builds the whole conditioned network itself (``fedcond.conditioning.tabular_base``).
+    builds_own_model: bool = False
 
     def first_layer_inputs(self, condition_dim: int) -> int:
         """Fingerprint values the first FC layer takes beside the conv features (0: none)."""
@@ -29,8 +32,8 @@ class Mechanism:
     def logits(self, model: nn.Module, features: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def extra_parameters(self, condition_dim: int, hidden: int, num_classes: int) -> int:
-        """Parameters the mechanism adds to the unconditioned backbone."""
+    def extra_parameters(self, condition_dim: int, hidden: int, num_classes: int, num_features: int = 0) -> int:
+        """Parameters the mechanism adds to the unconditioned backbone (``num_features``: a tabular model's)."""
         raise NotImplementedError
 
     def linear_blocks(self, model: nn.Module, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ class Concat(Mechanism):
         first, activation, head = model.classifier
         return head(activation(first(torch.cat([features, condition], dim=1))))
 
-    def extra_parameters(self, condition_dim: int, hidden: int, num_classes: int) -> int:
+    def extra_parameters(self, condition_dim: int, hidden: int, num_classes: int, num_features: int = 0) -> int:
         return condition_dim * hidden
 
     def linear_blocks(self, model: nn.Module, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ class Film(Mechanism):
         gamma, beta = model.film(condition).chunk(2, dim=1)
         return head(model.classifier[1]((1 + gamma) * hidden + beta))
 
-    def extra_parameters(self, condition_dim: int, hidden: int, num_classes: int) -> int:
+    def extra_parameters(self, condition_dim: int, hidden: int, num_classes: int, num_features: int = 0) -> int:
         return 2 * (condition_dim * hidden + hidden)
 
     def linear_blocks(self, model: nn.Module, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

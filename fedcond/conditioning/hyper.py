@@ -49,7 +49,7 @@ class Hyper(Mechanism):
         hidden = activation(first(features))
         return model.hyper(condition, hidden, head(hidden))
 
-    def extra_parameters(self, condition_dim: int, hidden: int, num_classes: int) -> int:
+    def extra_parameters(self, condition_dim: int, hidden: int, num_classes: int, num_features: int = 0) -> int:
         return condition_dim * num_classes * (hidden + 1)
 
     def linear_blocks(self, model: nn.Module, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
