@@ -9,7 +9,6 @@ from fedcond.aggregation import DAC_NEIGHBOURS
 from fedcond.errors import FedcondError
 from fedcond.models import ConditionalCNN, set_weights
 from fedcond.newcomers import lowest_loss_average
-from fedcond.training import evaluate
 
 
 class DacClient(FedcondClient):
@@ -28,7 +27,7 @@ class DacClient(FedcondClient):
         losses = []
         for peer in peers:
             set_weights(self.model, peer)
-            fit = evaluate(self.model, self.data.train_x, self.data.train_y, None, self.train_settings.channels_last)
+            fit = self.evaluate_on(self.model, self.data.train_x, self.data.train_y, None)
             losses.append(fit.loss)
         set_weights(self.model, lowest_loss_average(peers, losses, DAC_NEIGHBOURS.of(self.run_config)))
         return self.model

@@ -44,7 +44,7 @@ from fedcond.models import ConditionalCNN, build_run_model, get_weights, set_wei
 from fedcond.newcomers import NEWCOMER_STEPS, step_indices
 from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy
 from fedcond.scenarios import drift_partners_of
-from fedcond.training import DpSgd, ProximalTerm, TrainSettings, evaluate, train, train_private
+from fedcond.training import DpSgd, EvalResult, ProximalTerm, TrainSettings, evaluate, train, train_private
 
 #: Every DP mechanism this client ran on its training data (fedcond.privacy.PrivacyLedger), in its state.
 PRIVACY_LEDGER_KEY = "privacy-ledger"
@@ -177,8 +177,15 @@ class FedcondClient(NumPyClient):
     def evaluate_model(self, model: ConditionalCNN, round_config: dict[str, object]) -> Evaluated:
         """``model`` on this client's test set, reported as Flower's evaluate expects."""
         condition = self.condition(round_config)
-        result = evaluate(model, self.data.test_x, self.data.test_y, condition, self.train_settings.channels_last)
+        result = self.evaluate_on(model, self.data.test_x, self.data.test_y, condition)
         return result.loss, result.num_samples, {ACCURACY: result.accuracy}
+
+    def evaluate_on(
+        self, model: ConditionalCNN, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None
+    ) -> EvalResult:
+        """``fedcond.training.evaluate`` under this run's layout and task (a regression's RMSE)."""
+        settings = self.train_settings
+        return evaluate(model, images, labels, condition, settings.channels_last, settings.regression)
 
     def condition(self, round_config: dict[str, object]) -> np.ndarray | None:
         """What the model is fed beside the images: nothing here (``ConditionalClient`` feeds the fingerprint)."""

@@ -9,7 +9,6 @@ from fedcond.aggregation import lowest_loss_choice
 from fedcond.errors import FedcondError
 from fedcond.messages import CHOICE, EVALUATE_CHOICE, TRAIN_LOSS
 from fedcond.models import ConditionalCNN, get_weights, set_weights
-from fedcond.training import evaluate
 
 
 class IfcaClient(FedcondClient):
@@ -33,8 +32,7 @@ class IfcaClient(FedcondClient):
         losses = []
         for candidate in candidates:
             set_weights(self.model, candidate)
-            fit = evaluate(self.model, self.data.train_x, self.data.train_y, self.condition(round_config),
-                           self.train_settings.channels_last)  # fmt: skip
+            fit = self.evaluate_on(self.model, self.data.train_x, self.data.train_y, self.condition(round_config))
             losses.append(fit.loss)
         return lowest_loss_choice(losses)
 

@@ -58,16 +58,21 @@ def client_data_from_partition(
     labels: tuple[np.ndarray, np.ndarray],
     num_classes: int,
 ) -> ClientData:
-    """Slice the train/test ``images`` and ``labels`` by the partition's indices."""
+    """Slice the train/test ``images`` and ``labels`` by the partition's indices (a regression task's
+    real-valued targets as they are: a label map maps classes)."""
     (train_images, test_images), (train_labels, test_labels) = images, labels
+
+    def mapped(targets: np.ndarray) -> np.ndarray:
+        return targets if np.issubdtype(targets.dtype, np.floating) else partition.label_map[targets]
+
     return ClientData(
         partition_id=partition.partition_id,
         cluster=partition.cluster,
         num_classes=num_classes,
         train_x=rotate_images(train_images[partition.train_indices], partition.rotation),
-        train_y=partition.label_map[train_labels[partition.train_indices]],
+        train_y=mapped(train_labels[partition.train_indices]),
         test_x=rotate_images(test_images[partition.test_indices], partition.rotation),
-        test_y=partition.label_map[test_labels[partition.test_indices]],
+        test_y=mapped(test_labels[partition.test_indices]),
     )
 
 
@@ -222,9 +227,12 @@ def check_partition_arrays(arrays: dict[str, np.ndarray], config: RunConfig, whe
                 f"{where}: {split} arrays have shapes {images.shape} and {labels.shape}, expected (n, "
                 f"{', '.join(map(str, spec.input_shape))}) images and n labels; {fix}"
             )
-        if not np.issubdtype(labels.dtype, np.integer) or not np.issubdtype(images.dtype, np.floating):
+        if spec.regression:
+            if not np.issubdtype(labels.dtype, np.floating) or not np.isfinite(labels).all():
+                raise FedcondError(f"{where}: {split} targets must be finite real numbers; {fix}")
+        elif not np.issubdtype(labels.dtype, np.integer) or not np.issubdtype(images.dtype, np.floating):
             raise FedcondError(f"{where}: {split} labels must be integers and images floats; {fix}")
-        if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        elif labels.size and (labels.min() < 0 or labels.max() >= num_classes):
             raise FedcondError(
                 f"{where}: {split} labels run from {labels.min()} to {labels.max()}, "
                 f"outside 0..{num_classes - 1}; {fix}"

@@ -40,8 +40,9 @@ IDX_FILES = {
 
 @dataclass(frozen=True)
 class ArrayDataset:
-    """Samples as float32 arrays, labels as int64: images ``(n, channels, height, width)`` in [0, 1], or
-    tabular features ``(n, features)`` (``fedcond.tabular``)."""
+    """Samples as float32 arrays, labels as int64 (a regression task's targets: float32): images
+    ``(n, channels, height, width)`` in [0, 1], or tabular features ``(n, features)`` (``fedcond.tabular``).
+    A regression task has one "class", its one output."""
 
     name: str
     train_x: np.ndarray
@@ -86,6 +87,14 @@ class DatasetSpec:
     #: (CIFAR: 904 against 665 images/s on CPU, and three seeds of E4b's quick profile agreed to 3
     #: decimals, experiments/results/channels-last; one-channel images gain nothing from it).
     channels_last: bool = False
+    #: Real-valued targets, one output, squared-error loss and RMSE (lower is better) for metric;
+    #: else classes, cross-entropy and accuracy.
+    regression: bool = False
+
+    @property
+    def metric(self) -> str:
+        """The name the per-client score has in history.csv, reports and plots."""
+        return "rmse" if self.regression else "accuracy"
 
     @property
     def tabular(self) -> bool:
@@ -283,8 +292,9 @@ def _from_uint8(
 def synthetic_dataset(task: str) -> ArrayDataset:
     """One of the appendix's synthetic tabular tasks (``fedcond.tabular``): generated, never read."""
     arrays = generate(task)
+    outputs = ("y",) if task == "linear" else ("0", "1")
     return ArrayDataset(
-        f"synthetic-{task}", arrays["train_x"], arrays["train_y"], arrays["test_x"], arrays["test_y"], ("0", "1"),
+        f"synthetic-{task}", arrays["train_x"], arrays["train_y"], arrays["test_x"], arrays["test_y"], outputs,
         train_concepts=arrays["train_concepts"], test_concepts=arrays["test_concepts"],
     )  # fmt: skip
 
@@ -309,7 +319,11 @@ DATASETS: dict[str, DatasetSpec] = {
         ),
         DatasetSpec("cifar10", 10, (3, 32, 32), local_epochs=1, batch_size=64, load=_cifar10, channels_last=True),
         DatasetSpec("cifar100", 100, (3, 32, 32), local_epochs=1, batch_size=64, load=_cifar100, channels_last=True),
-        # The appendix's synthetic task (fedcond.tabular): 100 samples per client, 10 features.
+        # The appendix's synthetic tasks (fedcond.tabular): 100 samples per client, 10 features.
+        DatasetSpec(
+            "synthetic-linear", 1, (FEATURES,), local_epochs=5, batch_size=16,
+            load=lambda _data_dir: synthetic_dataset("linear"), source=lambda _data_dir: None, regression=True,
+        ),
         DatasetSpec(
             "synthetic-logistic", 2, (FEATURES,), local_epochs=5, batch_size=16,
             load=lambda _data_dir: synthetic_dataset("logistic"), source=lambda _data_dir: None,

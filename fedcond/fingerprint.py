@@ -30,8 +30,11 @@ STD_FLOOR = 1e-8
 
 
 def feature_matrix(images: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """Z = [phi(x) || onehot(y)]; ``images`` are pixels in [0, 1] (flattened here) or embeddings."""
+    """Z = [phi(x) || onehot(y)]; ``images`` are pixels in [0, 1] (flattened here) or embeddings. A
+    regression task's real-valued targets enter as they are: Z = [phi(x) || y]."""
     pixels = images.reshape(len(images), -1).astype(np.float64)
+    if np.issubdtype(labels.dtype, np.floating):
+        return np.concatenate([pixels, labels.astype(np.float64)[:, None]], axis=1)
     onehot = np.zeros((len(labels), num_classes), dtype=np.float64)
     onehot[np.arange(len(labels)), labels] = 1.0
     return np.concatenate([pixels, onehot], axis=1)
@@ -267,6 +270,8 @@ class FingerprintSpec:
     #: Whether it reads the labels: one that does not (``eigen-x``) serves clients without labels, and
     #: cannot tell apart clusters that differ only in their labels (``ScenarioKind.labels_only``).
     reads_labels: bool = True
+    #: It summarises each class apart: a regression task, whose targets are real numbers, has none.
+    per_class: bool = False
 
 
 def _per_class_size(dim: int, num_classes: int, _num_clusters: int, _features: int) -> int:
@@ -287,13 +292,16 @@ FINGERPRINTS: dict[str, FingerprintSpec] = {
         reads_labels=False,
     ),
     "class-mean": FingerprintSpec(
-        lambda s: class_mean_sketch(s.features, s.labels, s.num_classes, s.dim), _per_class_size
+        lambda s: class_mean_sketch(s.features, s.labels, s.num_classes, s.dim), _per_class_size, per_class=True
     ),
     "label-cov": FingerprintSpec(
-        lambda s: label_covariance_sketch(s.features, s.labels, s.num_classes, s.dim), _per_class_size
+        lambda s: label_covariance_sketch(s.features, s.labels, s.num_classes, s.dim), _per_class_size, per_class=True
     ),
     "class-eigen": FingerprintSpec(
-        lambda s: class_eigen(s.features, s.labels, s.num_classes, s.dim, s.seed), _per_class_size, spectral=True
+        lambda s: class_eigen(s.features, s.labels, s.num_classes, s.dim, s.seed),
+        _per_class_size,
+        spectral=True,
+        per_class=True,
     ),
     "eigenvector": FingerprintSpec(
         lambda s: eigenvector_fingerprint(s.features, s.labels, s.num_classes, s.dim, s.seed),
@@ -353,11 +361,19 @@ def phi_features(dataset: str, encoder: str) -> int:
     return int(np.prod(dataset_spec(dataset).input_shape))
 
 
-def check_fingerprint_dim(name: str, dim: int, dataset: str, encoder: str) -> None:
-    """``eigenvector`` keeps fingerprint-dim eigenvectors of Cov(Z): no more than Z has dimensions."""
+def check_fingerprint_for(name: str, dim: int, dataset: str, encoder: str) -> None:
+    """Fingerprint ``name`` on ``dataset``: a per-class one needs classes, and ``eigenvector`` keeps
+    fingerprint-dim eigenvectors of Cov(Z), no more than Z has dimensions."""
+    from fedcond.datasets import dataset_spec
+
+    if fingerprint_spec(name).per_class and dataset_spec(dataset).regression:
+        whole = ", ".join(key for key, spec in FINGERPRINTS.items() if spec.needs_data and not spec.per_class)
+        raise FedcondError(
+            f"fingerprint {name} summarises each class, and {dataset} is a regression task (real-valued targets); "
+            f"choose one of {whole}"
+        )
     if name != "eigenvector":
         return
-    from fedcond.datasets import dataset_spec
 
     dimensions = phi_features(dataset, encoder) + dataset_spec(dataset).num_classes
     if dim > dimensions:

@@ -32,6 +32,33 @@ HISTORY_COLUMNS = (
 )  # fmt: skip
 #: The fairness columns (fedcond.metrics.Spread), for the training clients and then the held-out ones.
 SPREAD_COLUMNS = HISTORY_COLUMNS[-8:-2]
+#: The score's name in memory: every column above that says "accuracy" holds the task's score, which
+#: on a regression task is RMSE (``DatasetSpec.metric``) and is written and shown under that name.
+SCORE = "accuracy"
+
+
+def column_on_disk(column: str, metric: str) -> str:
+    """A history or tidy column as files and reports name it: ``worst_accuracy`` -> ``worst_rmse``."""
+    return column.replace(SCORE, metric)
+
+
+def row_on_disk(row: dict[str, Any], metric: str) -> dict[str, Any]:
+    return row if metric == SCORE else {column_on_disk(key, metric): value for key, value in row.items()}
+
+
+def row_in_memory(row: dict[str, str], metric: str) -> dict[str, str]:
+    """A row read from a file of a ``metric`` task with the score columns under their in-memory names."""
+    return row if metric == SCORE else {key.replace(metric, SCORE): value for key, value in row.items()}
+
+
+def dataset_metric(dataset: str) -> str:
+    """The score's name for ``dataset`` (accuracy; a regression task's rmse); accuracy for names not known."""
+    from fedcond.datasets import DATASETS
+
+    spec = DATASETS.get(dataset)
+    return spec.metric if spec is not None else SCORE
+
+
 PACKAGES = ("fedcond", "flwr", "torch", "torchvision", "numpy", "scikit-learn", "ray")
 
 
@@ -80,15 +107,15 @@ class RoundRecord:
         """The ``history.csv`` header: the fixed columns, then one accuracy column per cluster."""
         return [*HISTORY_COLUMNS, *(f"accuracy_cluster_{cluster}" for cluster in range(num_clusters))]
 
-    def progress_line(self, num_rounds: int) -> str:
-        """The one terminal line a round prints."""
+    def progress_line(self, num_rounds: int, metric: str = SCORE) -> str:
+        """The one terminal line a round prints (``metric``: what the score is, ``DatasetSpec.metric``)."""
         held = f"  held-out {self.heldout_accuracy:.4f}" if not math.isnan(self.heldout_accuracy) else ""
         epsilon = f"  epsilon {self.epsilon:.3g}" if not math.isnan(self.epsilon) else ""
         # Said only when someone did not answer: a full round needs no remark.
         missing = self.clients_asked - self.clients_answered
         answered = f"  answered {self.clients_answered}/{self.clients_asked}" if missing > 0 else ""
         return (
-            f"round {self.round:>3}/{num_rounds}  accuracy {self.accuracy:.4f}  loss {self.loss:.4f}{held}{epsilon}"
+            f"round {self.round:>3}/{num_rounds}  {metric} {self.accuracy:.4f}  loss {self.loss:.4f}{held}{epsilon}"
             f"{answered}  "
             f"{self.seconds:5.1f} s"
         )
@@ -161,7 +188,8 @@ TRACEBACK_FILE = "traceback.txt"
 RUN_LOCK = ".fedcond-run.lock"
 # What run.json says of how a run ended; a resumed run is running again until it says anew.
 OUTCOME_KEYS = (
-    "status", "error", "finished", "rounds_completed", "final_accuracy", "final_heldout_accuracy", "final_loss",
+    "status", "error", "finished", "rounds_completed", "final_accuracy", "final_heldout_accuracy", "final_rmse",
+    "final_heldout_rmse", "final_loss",
     "total_seconds",
 )  # fmt: skip
 
@@ -192,6 +220,7 @@ class RunRecorder:
     ) -> None:
         self.folder = folder
         self.num_clusters = num_clusters
+        self.metric = dataset_metric(config.dataset)
         self.verbose = config.verbose
         try:
             self._lock: TextIO | None = locks.acquire(folder / RUN_LOCK)
@@ -209,17 +238,26 @@ class RunRecorder:
             "status": "running",
             # Every client that did not answer an instruction, and why (fedcond.participation).
             "failures": [],
+            # What the score columns of history.csv hold (rmse on a regression task, lower is better).
+            "metric": self.metric,
         }
         self._write_info()
         # Written whole and renamed: a resumed run's history is the checkpoint's, never a later row
         # of the attempt that stopped between writing its row and its checkpoint.
-        columns = RoundRecord.columns(num_clusters)
         temporary = self.folder / f".{self.history_path.name}.tmp"
         with temporary.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, columns)
+            writer = csv.DictWriter(handle, self.columns)
             writer.writeheader()
-            writer.writerows(record.as_row(num_clusters) for record in self.records)
+            writer.writerows(self.row(record) for record in self.records)
         os.replace(temporary, self.history_path)
+
+    @property
+    def columns(self) -> list[str]:
+        """``history.csv``'s header, the score's columns under the task's metric."""
+        return [column_on_disk(column, self.metric) for column in RoundRecord.columns(self.num_clusters)]
+
+    def row(self, record: RoundRecord) -> dict[str, Any]:
+        return row_on_disk(record.as_row(self.num_clusters), self.metric)
 
     @classmethod
     def reopen(
@@ -246,7 +284,7 @@ class RunRecorder:
     def add(self, record: RoundRecord) -> None:
         self.records.append(record)
         with self.history_path.open("a", newline="") as handle:
-            csv.DictWriter(handle, RoundRecord.columns(self.num_clusters)).writerow(record.as_row(self.num_clusters))
+            csv.DictWriter(handle, self.columns).writerow(self.row(record))
 
     def finish(self, extra: dict[str, Any] | None = None) -> None:
         last = self.records[-1] if self.records else None
@@ -254,9 +292,16 @@ class RunRecorder:
             status="finished",
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             rounds_completed=len(self.records),
-            final_accuracy=last.accuracy if last else None,
-            # None rather than NaN: run.json stays strict JSON when there are no held-out clients.
-            final_heldout_accuracy=None if last is None or math.isnan(last.heldout_accuracy) else last.heldout_accuracy,
+            **row_on_disk(
+                {
+                    "final_accuracy": last.accuracy if last else None,
+                    # None rather than NaN: run.json stays strict JSON when there are no held-out clients.
+                    "final_heldout_accuracy": None
+                    if last is None or math.isnan(last.heldout_accuracy)
+                    else last.heldout_accuracy,
+                },
+                self.metric,
+            ),
             final_loss=last.loss if last else None,
             total_seconds=last.elapsed_seconds if last else None,
             **(extra or {}),

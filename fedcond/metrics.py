@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: Scores where lower is better (a regression task's RMSE): the worst client is the highest.
+LOWER_IS_BETTER = frozenset({"rmse"})
+
 
 @dataclass(frozen=True)
 class ClientEvaluation:
@@ -49,13 +52,16 @@ class Spread:
     std: float
 
     @classmethod
-    def of(cls, evaluations: list[ClientEvaluation]) -> Spread:
-        """The worst client's accuracy, the 10th percentile (linear interpolation) and the standard
-        deviation over clients (NaN for no clients)."""
+    def of(cls, evaluations: list[ClientEvaluation], metric: str = "accuracy") -> Spread:
+        """The worst client's score, the 10th percentile from the worst end (linear interpolation)
+        and the standard deviation over clients (NaN for no clients). Worst is lowest, except for a
+        score where lower is better (RMSE: the highest, and the 90th percentile)."""
         if not evaluations:
             return cls(math.nan, math.nan, math.nan)
-        accuracies = np.array([e.accuracy for e in evaluations], dtype=np.float64)
-        return cls(float(accuracies.min()), float(np.percentile(accuracies, 10)), float(accuracies.std()))
+        scores = np.array([e.accuracy for e in evaluations], dtype=np.float64)
+        if metric in LOWER_IS_BETTER:
+            return cls(float(scores.max()), float(np.percentile(scores, 90)), float(scores.std()))
+        return cls(float(scores.min()), float(np.percentile(scores, 10)), float(scores.std()))
 
     def as_fields(self, prefix: str = "") -> dict[str, float]:
         """As a round record's fields (``fedcond.history.RoundRecord``): ``heldout_`` for the newcomers'."""

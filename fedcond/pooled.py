@@ -190,7 +190,9 @@ def _train_and_record(
         for client in clients:
             condition = conditions[client.partition_id] if conditions is not None else None
             model = model_of[client.partition_id]
-            result = evaluate(model, client.test_x, client.test_y, condition, settings.channels_last)
+            result = evaluate(
+                model, client.test_x, client.test_y, condition, settings.channels_last, settings.regression
+            )
             held_out = client.partition_id >= config.num_training_clients
             evaluations[held_out].append(
                 ClientEvaluation(client.cluster, result.num_samples, result.loss, result.accuracy)
@@ -212,8 +214,8 @@ def _train_and_record(
             # In-process: every client's data is trained on and every client evaluates, none can fail.
             clients_asked=len(clients),
             clients_answered=len(clients),
-            **Spread.of(evaluations[False]).as_fields(),
-            **Spread.of(evaluations[True]).as_fields("heldout_"),
+            **Spread.of(evaluations[False], recorder.metric).as_fields(),
+            **Spread.of(evaluations[True], recorder.metric).as_fields("heldout_"),
         )
         recorder.add(record)
         save_start = time.perf_counter()
@@ -223,6 +225,6 @@ def _train_and_record(
         )
         saving.append(time.perf_counter() - save_start)
         if config.verbose:
-            print(record.progress_line(config.num_server_rounds), flush=True)
+            print(record.progress_line(config.num_server_rounds, recorder.metric), flush=True)
     cost = {"file": CHECKPOINT_FILE, "bytes": checkpoint_bytes, "seconds_per_round": statistics.fmean(saving)}
     recorder.finish({"checkpoint": cost if saving else None})

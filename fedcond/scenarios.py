@@ -19,7 +19,7 @@ from fedcond.config import RunConfig
 from fedcond.datasets import ArrayDataset, dataset_spec, load_dataset
 from fedcond.drift import drift_partners
 from fedcond.errors import FedcondError
-from fedcond.fingerprint import check_fingerprint_dim
+from fedcond.fingerprint import check_fingerprint_for
 
 MIN_TRAIN_SAMPLES_PER_CLIENT = 2
 MIN_TEST_SAMPLES_PER_CLIENT = 1
@@ -597,7 +597,7 @@ def validate_without_data(config: RunConfig) -> None:
             f"{'is a tabular task' if spec.tabular else 'holds images'}; choose a scenario of {matching}"
         )
     check_conditioning_for(config.conditioning, "tabular" if spec.tabular else "cnn", config.dataset)
-    check_fingerprint_dim(config.fingerprint, config.fingerprint_dim, config.dataset, config.fingerprint_encoder)
+    check_fingerprint_for(config.fingerprint, config.fingerprint_dim, config.dataset, config.fingerprint_encoder)
     check_unclustered(config)
     if config.drift_fraction and (config.num_clusters < 2 or not kind.clustered):
         raise FedcondError(

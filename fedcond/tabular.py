@@ -5,7 +5,8 @@ Table VI's scale (docs/tabular.md shows the calibration). Every sample is drawn 
 
     x ~ N(0, I_10),    eps ~ N(0, 0.1^2),    z = x^T w_k + eps,
     w_k ~ U[-10, 10]^10 for concept k = 0..7 (drawn once, from a fixed seed),
-    synthetic-logistic: y = 1[z > 0]        (synthetic-linear, to come: y = z)
+    synthetic-linear:   y = z               (regression: the metric is RMSE)
+    synthetic-logistic: y = 1[z > 0]        (classification: accuracy)
 
 - the noise's 0.1 is Table VI's Cluster RMSE (a model per concept can do no better than the noise);
 - U[-10, 10] puts one model for all concepts at RMSE sqrt((K-1)/K x 10 x 100/3) = 14.9 for K = 3
@@ -31,7 +32,7 @@ WEIGHT_RANGE = 10.0
 NOISE_STD = 0.1
 #: The generator's own seed: a fixed benchmark, never the run's seed.
 GENERATOR_SEED = 20_210_601
-TASKS = ("logistic",)
+TASKS = ("linear", "logistic")
 
 
 def concept_weights() -> np.ndarray:
@@ -43,7 +44,9 @@ def generate(task: str) -> dict[str, np.ndarray]:
     """Train and test features, labels and concepts of ``task``, concept by concept.
 
     ``train_x`` (CONCEPTS x CLIENTS_PER_CONCEPT x SAMPLES_PER_CLIENT, FEATURES) float32, ``train_y``
-    int64 labels, ``train_concepts`` the concept of each sample; the same for ``test_``.
+    the targets (linear: float32 z; logistic: int64 labels), ``train_concepts`` the concept of each
+    sample; the same for ``test_``. Both tasks draw the same x and noise: logistic is linear's latent
+    thresholded.
     """
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}")
@@ -57,7 +60,7 @@ def generate(task: str) -> dict[str, np.ndarray]:
             x = rng.standard_normal((per_concept, FEATURES))
             latent = x @ weight + NOISE_STD * rng.standard_normal(per_concept)
             features.append(x.astype(np.float32))
-            labels.append((latent > 0).astype(np.int64))
+            labels.append(latent.astype(np.float32) if task == "linear" else (latent > 0).astype(np.int64))
         arrays[f"{split}_x"] = np.concatenate(features)
         arrays[f"{split}_y"] = np.concatenate(labels)
         arrays[f"{split}_concepts"] = np.repeat(np.arange(CONCEPTS), per_concept)

@@ -1,4 +1,5 @@
-"""Local training and evaluation, identical for every method: SGD, cross-entropy, mini-batches."""
+"""Local training and evaluation, identical for every method: SGD, mini-batches, cross-entropy (a
+regression task: squared error, and RMSE for its score)."""
 
 from __future__ import annotations
 
@@ -33,13 +34,25 @@ class TrainSettings:
     learning_rate: float
     momentum: float
     channels_last: bool = False
+    #: A regression task (``DatasetSpec.regression``): squared error on the one output, RMSE its score.
+    regression: bool = False
 
     @classmethod
     def of(cls, config: RunConfig) -> TrainSettings:
         """A run's local training settings (``config`` resolved: dataset defaults filled in)."""
+        from fedcond.datasets import dataset_spec
+
         return cls(
-            config.local_epochs, config.batch_size, config.learning_rate, config.momentum, config.uses_channels_last
-        )
+            config.local_epochs, config.batch_size, config.learning_rate, config.momentum, config.uses_channels_last,
+            dataset_spec(config.dataset).regression,
+        )  # fmt: skip
+
+
+def task_loss(outputs: torch.Tensor, targets: torch.Tensor, regression: bool, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of the logits, or a regression task's squared error of its one output."""
+    if regression:
+        return nn.functional.mse_loss(outputs.squeeze(1), targets, reduction=reduction)
+    return nn.functional.cross_entropy(outputs, targets, reduction=reduction)
 
 
 def set_layout(model: nn.Module, channels_last: bool) -> None:
@@ -72,6 +85,7 @@ class ProximalTerm:
 @dataclass(frozen=True)
 class EvalResult:
     loss: float
+    #: The task's score: accuracy, or a regression task's RMSE (``DatasetSpec.metric``).
     accuracy: float
     num_samples: int
 
@@ -235,7 +249,6 @@ def run_epochs(
     device = x.device
     set_layout(model, settings.channels_last)
     model.train()
-    criterion = nn.CrossEntropyLoss()
     epoch_loss = math.nan
     for _ in range(settings.epochs):
         order = torch.randperm(len(x), generator=generator).to(device)
@@ -244,7 +257,9 @@ def run_epochs(
             batch = order[start : start + settings.batch_size]
             optimiser.zero_grad()
             batch_cond = cond[batch] if per_sample else cond
-            loss = criterion(model(laid_out(x[batch], settings.channels_last), batch_cond), y[batch])
+            loss = task_loss(
+                model(laid_out(x[batch], settings.channels_last), batch_cond), y[batch], settings.regression
+            )
             if proximal is not None:
                 loss = loss + proximal.penalty(model)
             if not torch.isfinite(loss):
@@ -312,12 +327,11 @@ def train_private(
         noise_multiplier=dp_sgd.noise_multiplier, max_grad_norm=dp_sgd.max_grad_norm,
         noise_generator=torch.Generator(device=device).manual_seed(secrets.randbits(63)), wrap_model=False,
     )  # fmt: skip
-    criterion = nn.CrossEntropyLoss()
     try:
         with warnings.catch_warnings():
             # The first convolution's input needs no gradient: PyTorch notes that about Opacus's hooks.
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            epoch_loss = _private_epochs(model, optimiser, private_loader, cond, settings, criterion, proximal)
+            epoch_loss = _private_epochs(model, optimiser, private_loader, cond, settings, proximal)
     finally:
         # The model may be reused for plain evaluation or training in this process: no hooks, and
         # none of the last batch's inputs or sums Opacus leaves on modules and parameters.
@@ -337,7 +351,6 @@ def _private_epochs(
     loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
     cond: torch.Tensor | None,
     settings: TrainSettings,
-    criterion: nn.Module,
     proximal: ProximalTerm | None,
 ) -> float:
     """The epochs of ``train_private`` (``optimiser`` is Opacus's DPOptimizer); the last epoch's mean loss."""
@@ -349,7 +362,7 @@ def _private_epochs(
             optimiser.zero_grad()
             logits = model(laid_out(batch_x, settings.channels_last), cond)
             # Poisson sampling can draw an empty batch: its step still adds the noise the accountant counts.
-            loss = criterion(logits, batch_y) if len(batch_y) else logits.sum() * 0.0
+            loss = task_loss(logits, batch_y, settings.regression) if len(batch_y) else logits.sum() * 0.0
             if not torch.isfinite(loss):
                 raise FedcondError(
                     f"training loss became {loss.item()}; lower learning-rate (now {settings.learning_rate})"
@@ -377,9 +390,11 @@ def evaluate(
     labels: np.ndarray,
     condition: np.ndarray | None,
     channels_last: bool = False,
+    regression: bool = False,
 ) -> EvalResult:
-    """Mean cross-entropy and accuracy on ``images``; never changes the model's parameters (only, with
-    ``set_layout``, their memory format: the run's ``channels-last``)."""
+    """Mean cross-entropy and accuracy on ``images`` (a regression task: mean squared error and RMSE);
+    never changes the model's parameters (only, with ``set_layout``, their memory format: the run's
+    ``channels-last``)."""
     reuse_freed_buffers()
     device = pick_device()
     model.to(device).eval()
@@ -390,7 +405,9 @@ def evaluate(
         x = laid_out(_tensor(images[start : start + EVAL_BATCH], device), channels_last)
         y = _tensor(labels[start : start + EVAL_BATCH], device)
         logits = model(x, cond)
-        total_loss += nn.functional.cross_entropy(logits, y, reduction="sum").item()
-        correct += int((logits.argmax(dim=1) == y).sum().item())
+        total_loss += task_loss(logits, y, regression, reduction="sum").item()
+        if not regression:
+            correct += int((logits.argmax(dim=1) == y).sum().item())
     count = len(images)
-    return EvalResult(total_loss / count, correct / count, count)
+    mean_loss = total_loss / count
+    return EvalResult(mean_loss, math.sqrt(mean_loss) if regression else correct / count, count)

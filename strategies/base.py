@@ -32,7 +32,7 @@ from fedcond.aggregation import Model, StreamingAverage
 from fedcond.checkpoint import GLOBAL_MODEL, Checkpoint
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import RoundRecord, RunRecorder
+from fedcond.history import RoundRecord, RunRecorder, dataset_metric
 from fedcond.messages import (
     ACCURACY,
     ERROR,
@@ -201,8 +201,9 @@ class FedcondStrategy(Strategy):
         config = inputs.config
         drifting = frozenset(drift_partners_of(config)) if config.drift_round else frozenset()
         self.tracker = RoundTracker(
-            inputs.recorder, config.num_server_rounds, inputs.true_clusters, config.verbose, drifting
-        )
+            inputs.recorder, config.num_server_rounds, inputs.true_clusters, config.verbose, drifting,
+            dataset_metric(config.dataset),
+        )  # fmt: skip
         self.shared_config: dict[str, Scalar] = {}
         self.secure_sum_bytes = 0
         self.secure = SecureAggregation.of(config)

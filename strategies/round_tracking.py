@@ -80,8 +80,11 @@ class RoundTracker:
         true_clusters: Sequence[int],
         verbose: bool = True,
         drifting: frozenset[int] = frozenset(),
+        metric: str = "accuracy",
     ) -> None:
         self.recorder = recorder
+        #: What the clients' score is (``DatasetSpec.metric``): which client is the worst, how rows print.
+        self.metric = metric
         #: The training clients that drift (fedcond.drift): their accuracy is also recorded apart.
         self.drifting = drifting
         self.true_clusters = tuple(true_clusters)
@@ -168,8 +171,8 @@ class RoundTracker:
             heldout_accuracy=heldout_accuracy,
             epsilon=self.epsilon,
             **(counts or {}),
-            **Spread.of(self.evaluations(results)).as_fields(),
-            **Spread.of(newcomers).as_fields("heldout_"),
+            **Spread.of(self.evaluations(results), self.metric).as_fields(),
+            **Spread.of(newcomers, self.metric).as_fields("heldout_"),
             drifted_accuracy=self.drifted_accuracy(results),
             heldout_adapted_accuracy=weighted_mean(
                 (float(res.metrics[ADAPTED_ACCURACY]), res.num_examples)
@@ -195,7 +198,7 @@ class RoundTracker:
             accuracy=accuracy,
             loss=loss,
             cluster_accuracy=per_cluster,
-            **Spread.of(evaluations).as_fields(),
+            **Spread.of(evaluations, self.metric).as_fields(),
         )
         self.pending = None
         self.record(record)
@@ -213,7 +216,7 @@ class RoundTracker:
         if self.recorder is not None:
             self.recorder.add(record)
         if self.verbose:
-            print(record.progress_line(self.num_rounds), flush=True)
+            print(record.progress_line(self.num_rounds, self.metric), flush=True)
 
     def evaluations(self, results: Sequence[tuple[int, EvaluateRes]]) -> list[ClientEvaluation]:
         return [

@@ -145,9 +145,9 @@ def test_each_pooled_model_trains_on_exactly_the_paper_protocols_clients(method,
         built.append(([client.partition_id for client in members], made, members, conditions))
         return made
 
-    def spy_evaluate(model, images, labels, condition, channels_last=False):
+    def spy_evaluate(model, images, labels, condition, channels_last=False, regression=False):
         evaluated.append((model, len(labels), condition))
-        return real_evaluate(model, images, labels, condition, channels_last)
+        return real_evaluate(model, images, labels, condition, channels_last, regression)
 
     monkeypatch.setattr(pooled, "_pooled_model", spy_model)
     monkeypatch.setattr(pooled, "evaluate", spy_evaluate)

@@ -125,3 +125,91 @@ def test_a_tabular_partition_file_takes_signed_features_and_refuses_non_finite_o
         check_partition_arrays(broken, config, "file", "fix")
     with pytest.raises(FedcondError, match=r"expected \(n, 10\)"):
         check_partition_arrays({**arrays, "train_x": data.train_x[:, :9]}, config, "file", "fix")
+
+
+# -- regression: synthetic-linear, its RMSE through training, history and reports ---------------------
+LINEAR = {"dataset": "synthetic-linear", "scenario": "concept-weights"}
+
+
+def test_linear_is_the_latent_logistic_thresholds():
+    linear, logistic = tabular.generate("linear"), tabular.generate("logistic")
+    np.testing.assert_array_equal(linear["train_x"], logistic["train_x"])
+    np.testing.assert_array_equal(linear["train_y"] > 0, logistic["train_y"].astype(bool))
+    weights = tabular.concept_weights()
+    rows = linear["test_concepts"] == 2
+    residual = linear["test_y"][rows] - linear["test_x"][rows].astype(np.float64) @ weights[2]
+    assert linear["test_y"].dtype == np.float32 and abs(residual.std() - tabular.NOISE_STD) < 0.005
+
+
+def test_a_regression_client_trains_to_the_noise_and_scores_its_rmse():
+    from fedcond.models import build_run_model
+    from fedcond.training import TrainSettings, evaluate, train
+
+    config = RunConfig.from_mapping({**LINEAR, "num-clusters": 2, "clients-per-cluster": 20}).resolved()
+    data = load_client_data(config, 0)
+    assert data.train_y.dtype == np.float32 and data.num_classes == 1 and len(data.train_y) == 500
+    model = build_run_model(config, 1, conditioned=False)
+    settings = TrainSettings.of(config)
+    assert settings.regression
+    before = evaluate(model, data.test_x, data.test_y, None, regression=True)
+    train(model, data.train_x, data.train_y, None, settings, seed=0)
+    after = evaluate(model, data.test_x, data.test_y, None, regression=True)
+    assert before.accuracy > 5 and after.accuracy < 0.13  # one linear model per concept: the noise, 0.1
+    assert after.accuracy == pytest.approx(after.loss**0.5)
+
+
+def test_regression_refuses_per_class_fingerprints_and_non_finite_targets():
+    with pytest.raises(FedcondError, match="fingerprint class-mean summarises each class, and synthetic-linear"):
+        validate_without_data(RunConfig.from_mapping({**LINEAR, "fingerprint": "class-mean"}))
+    validate_without_data(RunConfig.from_mapping({**LINEAR, "fingerprint": "eigenvector", "fingerprint-dim": 11}))
+    config = RunConfig.from_mapping({**LINEAR, "clients-per-cluster": 100})
+    data = load_client_data(config, 0)
+    arrays = {"train_x": data.train_x, "train_y": data.train_y, "test_x": data.test_x, "test_y": data.test_y,
+              "num_classes": np.array(1)}  # fmt: skip
+    check_partition_arrays(arrays, config, "file", "fix")
+    with pytest.raises(FedcondError, match="targets must be finite real numbers"):
+        check_partition_arrays({**arrays, "test_y": data.test_y * np.inf}, config, "file", "fix")
+
+
+def test_the_worst_client_of_a_lower_is_better_score_is_the_highest():
+    from fedcond.metrics import ClientEvaluation, Spread
+
+    evaluations = [ClientEvaluation(0, 10, 0.0, score) for score in (0.1, 0.2, 5.0)]
+    assert Spread.of(evaluations).worst == 0.1
+    assert Spread.of(evaluations, "rmse").worst == 5.0 and Spread.of(evaluations, "rmse").p10 > 1.0
+
+
+@pytest.mark.slow
+def test_a_regression_run_writes_rmse_through_history_run_json_and_the_report(tmp_path):
+    import csv
+    import json
+
+    from fedcond.tools.report import read_metrics, summarise, summary_table
+    from strategies.simulation import simulate
+
+    config = RunConfig.from_mapping({
+        **LINEAR, "num-clusters": 2, "clients-per-cluster": 3, "num-server-rounds": 2, "data-fraction": 0.03,
+        "method": "oracle", "results-dir": str(tmp_path / "oracle"), "verbose": False,
+    })  # fmt: skip
+    simulate(config)
+    (folder,) = (tmp_path / "oracle").iterdir()
+    with (folder / "history.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    info = json.loads((folder / "run.json").read_text())
+    assert {"rmse", "worst_rmse", "rmse_cluster_1"} <= set(rows[0]) and "accuracy" not in rows[0]
+    assert info["metric"] == "rmse" and info["final_rmse"] == pytest.approx(float(rows[-1]["rmse"]))
+    assert float(rows[-1]["rmse"]) < 0.2  # one model per concept: near the noise
+    assert float(rows[-1]["worst_rmse"]) >= float(rows[-1]["rmse"])
+    # A tidy file of the run and a worse one: the report ranks the lower RMSE first and says rmse.
+    tidy = tmp_path / "metrics.csv"
+    base = {"dataset": "synthetic-linear", "scenario": "concept-weights", "num_clusters": "2",
+            "clients_per_cluster": "3", "data_fraction": "0.03", "rotations": "", "seed": "0", "round": "1",
+            "loss": "0", "seconds": "1", "bytes_down": "0", "bytes_up": "0", "ari": "nan", "train_loss": "0",
+            "elapsed_seconds": "1"}  # fmt: skip
+    with tidy.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, [*base, "method", "rmse"])
+        writer.writeheader()
+        writer.writerows([{**base, "method": "fedavg", "rmse": "12.5"}, {**base, "method": "oracle", "rmse": "0.1"}])
+    summaries = summarise(read_metrics(tidy))
+    assert [s.method for s in summaries] == ["oracle", "fedavg"]
+    assert "final rmse" in summary_table(summaries, metric="rmse")

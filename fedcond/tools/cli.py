@@ -216,11 +216,12 @@ def stream_filtered(
 
 def draw_convergence_plot(folder: Path) -> None:
     """``convergence.png`` from the run's history (nothing when it has no rounds)."""
+    from fedcond.history import dataset_metric
     from fedcond.tools.experiment import read_history
     from fedcond.tools.report import convergence_plot
 
     config = json.loads((folder / "run.json").read_text())["config"]
-    history = read_history(folder / "history.csv")
+    history = read_history(folder / "history.csv", dataset_metric(config["dataset"]))
     rows = [{**row, "method": config["method"], "seed": str(config["seed"])} for row in history]
     if rows:
         title = f"{config['method']} on {config['dataset']} {config['scenario']}, K={config['num-clusters']}"
@@ -232,10 +233,11 @@ def closing_summary(folder: Path, plotted: bool = False) -> str:
     if not plotted:
         draw_convergence_plot(folder)
     info = json.loads((folder / "run.json").read_text())
-    held = info.get("final_heldout_accuracy")
+    metric = info.get("metric", "accuracy")
+    held = info.get(f"final_heldout_{metric}")
     return (
         f"fedcond: finished {info.get('rounds_completed')} rounds in {info.get('total_seconds') or 0:.0f} s: "
-        f"accuracy {info.get('final_accuracy') or float('nan'):.4f}"
+        f"{metric} {info.get(f'final_{metric}') or float('nan'):.4f}"
         + (f", held-out {held:.4f}" if held is not None else "")
         + f"\nfedcond: {folder}: "
         + ", ".join(sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")))

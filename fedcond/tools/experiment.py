@@ -29,7 +29,18 @@ from typing import Any, TextIO
 from fedcond import locks
 from fedcond.config import RunConfig, canonical_record, value_before_it_existed
 from fedcond.errors import FedcondError
-from fedcond.history import RUN_LOCK, SPREAD_COLUMNS, error_line, mark_failed, run_status
+from fedcond.history import (
+    RUN_LOCK,
+    SCORE,
+    SPREAD_COLUMNS,
+    column_on_disk,
+    dataset_metric,
+    error_line,
+    mark_failed,
+    row_in_memory,
+    row_on_disk,
+    run_status,
+)
 
 # Every tidy row names the scenario it came from, so results of several experiments concatenate.
 SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
@@ -347,6 +358,7 @@ class Progress:
         stop = threading.Event()
         started = time.monotonic()
         rounds = run.config.num_server_rounds
+        metric = dataset_metric(run.config.dataset)
 
         def report() -> None:
             # A resumed run's history starts with the rounds finished before: those are not news.
@@ -354,12 +366,12 @@ class Progress:
             while not finished:
                 # One last read after the run returns: its final rounds may land between polls.
                 finished = stop.wait(self.interval)
-                rows = read_history(folder / "history.csv")
+                rows = read_history(folder / "history.csv", metric)
                 for row in rows[seen:]:
                     done = self.rounds_done + int(row["round"]) - run.rounds_done
                     spent = self.seconds_spent + time.monotonic() - started
                     print(
-                        f"  {position} {run.name}: round {row['round']}/{rounds} accuracy "
+                        f"  {position} {run.name}: round {row['round']}/{rounds} {metric} "
                         f"{float(row['accuracy']):.4f} | {self.eta(done, spent)}",
                         file=self.stream,
                         flush=True,
@@ -386,10 +398,12 @@ def format_duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def read_history(path: Path) -> list[dict[str, str]]:
+def read_history(path: Path, metric: str = SCORE) -> list[dict[str, str]]:
+    """A run's ``history.csv`` rows, the score's columns (``metric``: the run's, rmse on a regression
+    task) under their in-memory names (``fedcond.history.SCORE``)."""
     try:
         with path.open(newline="") as handle:
-            return list(csv.DictReader(handle))
+            return [row_in_memory(row, metric) for row in csv.DictReader(handle)]
     except FileNotFoundError:
         return []
 
@@ -521,7 +535,7 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
         if run_status(folder) != "finished":
             continue
         config = json.loads((folder / "run.json").read_text())["config"]
-        for row in read_history(folder / "history.csv"):
+        for row in read_history(folder / "history.csv", dataset_metric(config["dataset"])):
             tidy: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
             tidy.update({key: config.get(key, VARIANT_DEFAULTS[key]) for key in VARIANT_COLUMNS})
             tidy.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
@@ -540,6 +554,10 @@ def write_metrics(experiment: Experiment, out: Path) -> Path:
     settings = list(map(column_name, experiment.setting_axes))
     variants = [column for column in VARIANT_COLUMNS if column not in settings]  # a grid may sweep them
     columns = [*settings, *variants, *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
+    # A regression task's rows name their score columns rmse (fedcond.history.column_on_disk).
+    metrics = sorted({dataset_metric(str(row["dataset"])) for row in rows} - {SCORE})
+    columns += [column_on_disk(column, metric) for metric in metrics for column in columns if SCORE in column]
+    rows = [row_on_disk(row, dataset_metric(str(row["dataset"]))) for row in rows]
     path = out / METRICS_FILE
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, columns, restval="", extrasaction="ignore")

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from fedcond.errors import FedcondError
+from fedcond.history import dataset_metric, row_in_memory
+from fedcond.metrics import LOWER_IS_BETTER
 from fedcond.paper import PaperMatch, lookup, tables_in_order
 from fedcond.tools.experiment import (
     METRIC_COLUMNS,
@@ -44,8 +46,15 @@ DRIFT_FIGURE = "drift.png"
 
 
 def read_metrics(path: Path) -> list[Row]:
+    """The tidy rows, a regression task's score columns (rmse) under their in-memory names."""
     with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
+        return [_score_named(row) for row in csv.DictReader(handle)]
+
+
+def _score_named(row: Row) -> Row:
+    # A tidy file mixing tasks has both tasks' columns; a regression row's rmse columns come after
+    # the (empty) accuracy ones and so are the values its in-memory names keep.
+    return row_in_memory(row, dataset_metric(row.get("dataset", "")))
 
 
 def confidence_half_width(values: Sequence[float], level: float = 0.95) -> float:
@@ -106,8 +115,16 @@ def _mean(values: Iterable[float]) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+def rows_metric(rows: Iterable[Row]) -> str:
+    """What the rows' score is: ``rmse`` where every row is of a regression task, else accuracy."""
+    metrics = {dataset_metric(row.get("dataset", "")) for row in rows}
+    return metrics.pop() if len(metrics) == 1 else "accuracy"
+
+
 def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
-    """Per method (rows of one scenario), ranked by mean final accuracy, best first."""
+    """Per method (rows of one scenario), ranked by mean final score, best first (the highest
+    accuracy; the lowest RMSE)."""
+    lower = rows_metric(rows) in LOWER_IS_BETTER
     by_method = _histories_by_method(rows)
     summaries = []
     for method, histories in by_method.items():
@@ -115,7 +132,7 @@ def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
         rounds = min(len(history) for history in histories)
         # The best round of the mean curve: what a user stopping at the right moment would get.
         curve = [_mean(as_float(history[r]["accuracy"]) for history in histories) for r in range(rounds)]
-        best = int(np.nanargmax(curve)) if rounds else 0
+        best = int(np.nanargmin(curve) if lower else np.nanargmax(curve)) if rounds else 0
         summaries.append(
             MethodSummary(
                 method=method,
@@ -140,7 +157,8 @@ def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
                 final_drifted=_mean(as_float(history[-1].get("drifted_accuracy", "")) for history in histories),
             )
         )
-    return sorted(summaries, key=lambda s: -s.final_mean if math.isfinite(s.final_mean) else math.inf)
+    sign = 1 if lower else -1
+    return sorted(summaries, key=lambda s: sign * s.final_mean if math.isfinite(s.final_mean) else math.inf)
 
 
 def format_accuracy(mean: float, half_width: float = math.nan) -> str:
@@ -149,9 +167,15 @@ def format_accuracy(mean: float, half_width: float = math.nan) -> str:
     return f"{mean:.3f} ± {half_width:.3f}" if math.isfinite(half_width) else f"{mean:.3f}"
 
 
-def format_delta(ours: float, paper: float) -> str:
-    """Ours minus the paper's, in accuracy points (``-1.2``)."""
-    return f"{(ours - paper) * 100:+.1f}" if math.isfinite(ours) else "n/a"
+def format_delta(ours: float, paper: float, metric: str = "accuracy") -> str:
+    """Ours minus the paper's, in accuracy points (``-1.2``); an RMSE's difference as it is (``+0.031``)."""
+    if not math.isfinite(ours):
+        return "n/a"
+    return f"{ours - paper:+.3f}" if metric in LOWER_IS_BETTER else f"{(ours - paper) * 100:+.1f}"
+
+
+def delta_unit(metric: str) -> str:
+    return "in RMSE (lower is better)" if metric in LOWER_IS_BETTER else "in points"
 
 
 def paper_match(final_rows: Iterable[Row]) -> PaperMatch:
@@ -175,17 +199,19 @@ def paper_matches(rows: Sequence[Row]) -> dict[str, PaperMatch]:
     return {method: paper_match(final_rows) for method, final_rows in finals.items()}
 
 
-def _paper_cells(mean: float, match: PaperMatch | None) -> list[str]:
+def _paper_cells(mean: float, match: PaperMatch | None, metric: str = "accuracy") -> list[str]:
     if match is None or not match.found:
         return ["—", "—"]
-    return [f"{match.value:.3f}", format_delta(mean, match.value)]
+    return [f"{match.value:.3f}", format_delta(mean, match.value, metric)]
 
 
 def _with_paper(matches: Mapping[str, PaperMatch] | None) -> bool:
     return bool(matches) and any(match.found for match in matches.values())
 
 
-def summary_table(summaries: Sequence[MethodSummary], paper: Mapping[str, PaperMatch] | None = None) -> str:
+def summary_table(
+    summaries: Sequence[MethodSummary], paper: Mapping[str, PaperMatch] | None = None, metric: str = "accuracy"
+) -> str:
     """Markdown: one ranked row per method, with the paper's number and our difference when it has one."""
     with_ari = any(math.isfinite(s.final_ari) for s in summaries)
     with_heldout = any(math.isfinite(s.final_heldout) for s in summaries)
@@ -194,9 +220,9 @@ def summary_table(summaries: Sequence[MethodSummary], paper: Mapping[str, PaperM
     with_adapted = any(math.isfinite(s.final_heldout_adapted) for s in summaries)
     with_drift = any(math.isfinite(s.final_drifted) for s in summaries)
     with_paper = _with_paper(paper)
-    header = ["rank", "method", "seeds", "final accuracy"] + ["paper", "Δ vs paper"] * with_paper
+    header = ["rank", "method", "seeds", f"final {metric}"] + ["paper", "Δ vs paper"] * with_paper
     header += ["worst client"] * with_worst + ["best (round)", "wall s", "MB down", "MB up"]
-    header += ["ARI"] * with_ari + ["held-out accuracy"] * with_heldout + ["worst held-out"] * with_heldout_worst
+    header += ["ARI"] * with_ari + [f"held-out {metric}"] * with_heldout + ["worst held-out"] * with_heldout_worst
     header += ["held-out after newcomer-steps"] * with_adapted + ["drifting clients"] * with_drift
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for rank, s in enumerate(summaries, start=1):
@@ -205,7 +231,7 @@ def summary_table(summaries: Sequence[MethodSummary], paper: Mapping[str, PaperM
             s.method,
             str(s.seeds),
             format_accuracy(s.final_mean, s.final_half_width),
-            *(_paper_cells(s.final_mean, (paper or {}).get(s.method)) if with_paper else []),
+            *(_paper_cells(s.final_mean, (paper or {}).get(s.method), metric) if with_paper else []),
             *[format_accuracy(s.final_worst)] * with_worst,
             f"{s.best_accuracy:.3f} (r{s.best_round})",
             f"{s.wall_seconds:.0f}",
@@ -233,10 +259,11 @@ def paper_legend(rows: Sequence[Row], matches: Mapping[str, PaperMatch]) -> list
     lines = []
     if found:
         tables = tables_in_order({table for match in found.values() for table in match.tables})
+        metric = rows_metric(rows)
         lines.append(
-            "paper: the paper's accuracy for the same experiment, dataset, K, clients per cluster and method "
+            f"paper: the paper's {metric} for the same experiment, dataset, K, clients per cluster and method "
             f"({'Table' if len(tables) == 1 else 'Tables'} {', '.join(tables)}; experiments/paper/results.md); "
-            "Δ: ours minus paper, in points."
+            f"Δ: ours minus paper, {delta_unit(metric)}."
         )
         lines += sorted({note for match in found.values() for note in match.notes})
         others = [
@@ -278,7 +305,8 @@ def legend_markdown(lines: Sequence[str]) -> list[str]:
 def ranked_section(rows: Sequence[Row]) -> list[str]:
     """The ranked table of one scenario point with the paper beside it, then its legend."""
     matches = paper_matches(rows)
-    return [summary_table(summarise(rows), matches), *legend_markdown(paper_legend(rows, matches))]
+    table = summary_table(summarise(rows), matches, rows_metric(rows))
+    return [table, *legend_markdown(paper_legend(rows, matches))]
 
 
 def scenario_line(rows: Sequence[Row]) -> str:
@@ -302,9 +330,10 @@ def summary_markdown(
     parts = [f"# {title}", ""]
     if rows:
         seeds = sorted({row["seed"] for row in rows}, key=int)
+        metric = rows_metric(rows)
         parts += [
-            f"{scenario_line(rows)}; seeds {', '.join(seeds)}. Final accuracy is the mean over seeds of the",
-            "last round's sample-weighted accuracy of every client on its own test data, ± the 95% Student-t",
+            f"{scenario_line(rows)}; seeds {', '.join(seeds)}. Final {metric} is the mean over seeds of the",
+            f"last round's sample-weighted {metric} of every client on its own test data, ± the 95% Student-t",
             "confidence half-width when there are several seeds. Wall time is per run; traffic sums all rounds.",
             "",
             *ranked_section(rows),
@@ -365,7 +394,7 @@ def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("federated round")
     notes = [*(["dashed: worst client"] * drawn_worst), *(["dotted: drifting clients"] * drawn_drift)]
-    axes.set_ylabel("mean client test accuracy" + (f" ({'; '.join(notes)})" if notes else ""))
+    axes.set_ylabel(f"mean client test {rows_metric(rows)}" + (f" ({'; '.join(notes)})" if notes else ""))
     axes.set_ylim(0, 1)
     axes.grid(alpha=0.3)
     axes.set_title(title)
