@@ -57,7 +57,10 @@ class RunConfig:
         "`recommended`, the competitors of [baselines.md](baselines.md), the pooled references)",
     )
     dataset: str = setting(
-        "digits", "run", "`digits`, `mnist`, `fashion-mnist`, `cifar10`, `cifar100` ([data.md](data.md))"
+        "digits",
+        "run",
+        "`digits`, `mnist`, `fashion-mnist`, `cifar10`, `cifar100`, `emnist-balanced`, `emnist-byclass`, or the "
+        "appendix's tabular `synthetic-linear`, `synthetic-logistic` ([data.md](data.md))",
     )
     scenario: str = setting("label-shift", "run", "how clients differ; the README's Scenarios table")
     num_clusters: int = setting(3, "run", "K; at most the number of classes")

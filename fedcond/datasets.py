@@ -289,6 +289,90 @@ def _from_uint8(
     )
 
 
+#: EMNIST's splits that fedcond loads: its 47 balanced classes (Table VIII: digits, uppercase and the
+#: 11 lowercase letters not merged into their capitals) and by-class's 62 (Table IX's look-alike
+#: lowercase characters, o, l, z, s, k, c, p, exist in by-class only).
+EMNIST_SPLITS = {"emnist-balanced": "balanced", "emnist-byclass": "byclass"}
+EMNIST_CASES = ("digit", "uppercase", "lowercase")
+
+
+def emnist_files(split: str) -> dict[str, str]:
+    """The canonical EMNIST file names of ``split`` (the gzip distribution's ``gzip/`` folder)."""
+    return {
+        **{key: f"emnist-{split}-{name}" for key, name in IDX_FILES.items()},
+        "mapping": f"emnist-{split}-mapping.txt",
+    }
+
+
+def _emnist_folder(name: str, data_dir: Path | None) -> Path:
+    files = emnist_files(EMNIST_SPLITS[name])
+    candidates = (
+        [] if data_dir is None else [data_dir / "emnist", data_dir / "emnist" / "gzip", data_dir, data_dir / "gzip"]
+    )
+    for folder in candidates:
+        if all((folder / file).is_file() for file in files.values()):
+            return folder
+    where = "data-dir is not set" if data_dir is None else f"not in {data_dir}, its emnist/ or gzip/ folders"
+    raise FedcondError(
+        f"{name} has no offline copy here and cannot be downloaded: put {', '.join(files.values())} "
+        f"(the canonical EMNIST gzip files) in data-dir/emnist ({where})"
+    )
+
+
+def _emnist_source(name: str) -> Callable[[Path | None], str | None]:
+    def source(data_dir: Path | None) -> str | None:
+        try:
+            folder = _emnist_folder(name, data_dir)
+        except FedcondError:
+            return None  # load() says what is missing
+        return _files_key(name, [folder / file for file in emnist_files(EMNIST_SPLITS[name]).values()])
+
+    return source
+
+
+def _emnist_loader(name: str) -> Callable[[Path | None], ArrayDataset]:
+    def load(data_dir: Path | None) -> ArrayDataset:
+        folder = _emnist_folder(name, data_dir)
+        files = emnist_files(EMNIST_SPLITS[name])
+        characters = _emnist_mapping(folder / files["mapping"])
+        arrays = {key: read_idx_gz(folder / files[key]) for key in IDX_FILES}
+        for split in ("train", "test"):
+            images, labels = arrays[f"{split}_x"], arrays[f"{split}_y"]
+            if images.ndim != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels):
+                raise FedcondError(f"{folder}: {split} files are not 28x28 images with one label each; wrong files?")
+            if labels.max() >= len(characters):
+                raise FedcondError(f"{folder}: {split} labels exceed the {len(characters)} classes of its mapping file")
+        # EMNIST stores each image transposed (column-major): transposed back, characters stand upright.
+        upright = {key: np.ascontiguousarray(arrays[key].transpose(0, 2, 1)) for key in ("train_x", "test_x")}
+        case_of = tuple(
+            0 if character.isdigit() else 1 if character.isupper() else 2 for character in characters
+        )  # fmt: skip
+        return ArrayDataset(
+            name,
+            (upright["train_x"].astype(np.float32) / 255.0)[:, None, :, :],
+            arrays["train_y"].astype(np.int64),
+            (upright["test_x"].astype(np.float32) / 255.0)[:, None, :, :],
+            arrays["test_y"].astype(np.int64),
+            characters,
+            case_of,
+            EMNIST_CASES,
+        )
+
+    return load
+
+
+def _emnist_mapping(path: Path) -> tuple[str, ...]:
+    """The character of every label: the mapping file's lines are ``label ascii-code``, labels 0..n-1."""
+    try:
+        pairs = [line.split() for line in path.read_text().splitlines() if line.strip()]
+        codes = {int(label): int(code) for label, code in pairs}
+    except (OSError, ValueError) as error:
+        raise FedcondError(f"{path} is not an EMNIST mapping file (lines 'label ascii-code'): {error}") from None
+    if sorted(codes) != list(range(len(codes))):
+        raise FedcondError(f"{path} does not map the labels 0..{len(codes) - 1} each once; replace it")
+    return tuple(chr(codes[label]) for label in range(len(codes)))
+
+
 def synthetic_dataset(task: str) -> ArrayDataset:
     """One of the appendix's synthetic tabular tasks (``fedcond.tabular``): generated, never read."""
     arrays = generate(task)
@@ -319,6 +403,15 @@ DATASETS: dict[str, DatasetSpec] = {
         ),
         DatasetSpec("cifar10", 10, (3, 32, 32), local_epochs=1, batch_size=64, load=_cifar10, channels_last=True),
         DatasetSpec("cifar100", 100, (3, 32, 32), local_epochs=1, batch_size=64, load=_cifar100, channels_last=True),
+        # EMNIST (the appendix's Tables VIII-IX), from a folder the user points to; superclasses are the
+        # characters' cases, so label-shift with num-clusters=3 is the appendix's digit / upper / lower.
+        *(
+            DatasetSpec(
+                name, {"emnist-balanced": 47, "emnist-byclass": 62}[name], (1, 28, 28), local_epochs=1,
+                batch_size=64, load=_emnist_loader(name), source=_emnist_source(name),
+            )
+            for name in EMNIST_SPLITS
+        ),
         # The appendix's synthetic tasks (fedcond.tabular): 100 samples per client, 10 features.
         DatasetSpec(
             "synthetic-linear", 1, (FEATURES,), local_epochs=5, batch_size=16,

@@ -107,3 +107,63 @@ def test_real_mnist_offline_copy():
     mnist = load_dataset("mnist", SHARED_MNIST)
     assert mnist.train_x.shape == (60_000, 1, 28, 28) and mnist.test_x.shape == (10_000, 1, 28, 28)
     assert np.bincount(mnist.train_y).min() > 5000
+
+
+# EMNIST Balanced's 47 characters, in its mapping file's order: digits, capitals, 11 lowercase letters.
+BALANCED = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabdefghnqrt"
+
+
+def write_fake_emnist(folder: Path, split: str = "balanced", characters: str = BALANCED, per_class: int = 2) -> None:
+    """A tiny EMNIST in the canonical gzip files' format: images stored transposed, as EMNIST's are."""
+    from fedcond.datasets import emnist_files
+
+    files = emnist_files(split)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for part, count in (("train", per_class), ("test", 1)):
+        labels = np.repeat(np.arange(len(characters)), count)
+        upright = rng.integers(0, 256, (len(labels), 28, 28))
+        upright[:, 0, :] = 255  # a bar along the top of every upright image
+        write_idx(folder / files[f"{part}_x"], upright.transpose(0, 2, 1))
+        write_idx(folder / files[f"{part}_y"], labels)
+    lines = [f"{label} {ord(character)}" for label, character in enumerate(characters)]
+    (folder / files["mapping"]).write_text("\n".join(lines) + "\n")
+
+
+def test_emnist_loads_from_the_users_folder_upright_with_its_cases_as_superclasses(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDCOND_CACHE_DIR", str(tmp_path / "cache"))
+    write_fake_emnist(tmp_path / "emnist")
+    dataset = load_dataset("emnist-balanced", tmp_path)
+    assert dataset.train_x.shape == (94, 1, 28, 28) and dataset.num_classes == 47
+    assert (dataset.train_x[:, 0, 0, :] == 1.0).all()  # the bar is on top again: transposed back
+    assert dataset.class_names[:3] == ("0", "1", "2") and dataset.class_names[-1] == "t"
+    assert dataset.superclass_names == ("digit", "uppercase", "lowercase")
+    assert [dataset.superclass_of.count(case) for case in range(3)] == [10, 26, 11]
+
+
+def test_emnist_three_clusters_are_digits_capitals_and_lowercase(tmp_path, monkeypatch):
+    from fedcond.config import RunConfig
+    from fedcond.scenarios import build_scenario
+
+    monkeypatch.setenv("FEDCOND_CACHE_DIR", str(tmp_path / "cache"))
+    write_fake_emnist(
+        tmp_path / "emnist", "byclass", "0123456789" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "abcdefghijklmnopqrstuvwxyz"
+    )
+    config = RunConfig(dataset="emnist-byclass", scenario="label-shift", num_clusters=3, clients_per_cluster=2,
+                       data_dir=str(tmp_path))  # fmt: skip
+    scenario = build_scenario(config)
+    dataset = load_dataset("emnist-byclass", tmp_path)
+    held = [set(dataset.class_names[label] for label in dataset.train_y[client.train_indices])
+            for client in scenario.clients]  # fmt: skip
+    assert set().union(*held[:2]) == set("0123456789") and set().union(*held[4:]) == set("abcdefghijklmnopqrstuvwxyz")
+
+
+def test_a_missing_emnist_folder_names_the_files_it_looked_for(tmp_path):
+    write_fake_emnist(tmp_path / "emnist")
+    (tmp_path / "emnist" / "emnist-balanced-mapping.txt").unlink()
+    with pytest.raises(
+        FedcondError, match=r"put emnist-balanced-train-images-idx3-ubyte\.gz, .*emnist-balanced-mapping\.txt"
+    ):
+        load_dataset.__wrapped__("emnist-balanced", tmp_path)
+    with pytest.raises(FedcondError, match="data-dir is not set"):
+        load_dataset.__wrapped__("emnist-byclass", None)
