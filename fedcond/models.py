@@ -64,6 +64,7 @@ class ConditionalCNN(nn.Module):
         condition_dim: int = 0,
         conditioning: str = "concat",
         hidden_units: int = 0,
+        ensemble_size: int = 8,
     ) -> None:
         super().__init__()
         channels, height, width = image_shape
@@ -71,6 +72,7 @@ class ConditionalCNN(nn.Module):
             raise FedcondError(f"images must have sides divisible by 4 for two poolings, got {height}x{width}")
         cifar_like = channels == 3
         self.condition_dim = condition_dim
+        self.ensemble_size = ensemble_size
         self.conditioning = conditioning if condition_dim else "concat"
         self.mechanism = mechanism(self.conditioning)
         self.num_classes = num_classes
@@ -163,7 +165,7 @@ def build_model(
         )
     else:
         check_conditioning_for(conditioning, "cnn", "an image dataset")
-        model = ConditionalCNN(input_shape, num_classes, condition_dim, conditioning, hidden_units)  # type: ignore[arg-type]
+        model = ConditionalCNN(input_shape, num_classes, condition_dim, conditioning, hidden_units, ensemble_size)  # type: ignore[arg-type]
     torch.random.set_rng_state(generator_state)
     return model
 

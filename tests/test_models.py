@@ -47,7 +47,8 @@ KIND_SHAPE = {"cnn": ((1, 8, 8), 128), "tabular": ((10,), TABULAR_HIDDEN)}
 
 def test_every_mechanism_conditions_some_model():
     assert set(CNN_MECHANISMS) | set(TABULAR_MECHANISMS) == set(MECHANISMS)
-    assert {"concat", "film", "hyper"} <= set(TABULAR_MECHANISMS) and {"lin", "ens"}.isdisjoint(CNN_MECHANISMS)
+    assert {"concat", "film", "hyper", "ens"} <= set(TABULAR_MECHANISMS) and "lin" not in CNN_MECHANISMS
+    assert "ens" in CNN_MECHANISMS  # a mixture of heads
 
 
 @pytest.mark.parametrize("conditioning", CNN_MECHANISMS)
@@ -88,6 +89,20 @@ def test_lin_starts_as_one_shared_linear_model_and_ens_as_an_even_blend():
     for conditioning in ("lin", "ens"):
         model = build_model((10,), 2, 4, seed=0, conditioning=conditioning)
         torch.testing.assert_close(model(features, torch.zeros(1, 4)), model(features, torch.randn(1, 4)))
+    images = torch.rand(3, 1, 8, 8)
+    heads = build_model((1, 8, 8), 10, 4, seed=0, conditioning="ens")
+    torch.testing.assert_close(heads(images, torch.zeros(1, 4)), heads(images, torch.randn(1, 4)))
+
+
+def test_ens_on_a_cnn_keeps_the_backbones_seeded_weights_and_head_as_its_first_expert():
+    plain, heads = build_model((1, 8, 8), 10, 0, seed=0), build_model((1, 8, 8), 10, 4, seed=0, conditioning="ens")
+    mixed = dict(heads.named_parameters())
+    for name, parameter in plain.named_parameters():
+        torch.testing.assert_close(mixed[name], parameter)
+    with torch.no_grad():  # a gate sure of expert 0: the plain network's output
+        heads.gate.bias.copy_(torch.tensor([50.0, *[0.0] * 7]))
+    images = torch.rand(3, 1, 8, 8)
+    torch.testing.assert_close(heads(images, torch.zeros(1, 4)), plain(images), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("conditioning", "kind"), [(name, "cnn") for name in CNN_MECHANISMS]

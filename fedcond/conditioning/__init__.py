@@ -29,7 +29,7 @@ MECHANISMS: dict[str, tuple[str, frozenset[str]]] = {
     "film": ("fedcond.conditioning.film", frozenset({"cnn", "tabular"})),
     "hyper": ("fedcond.conditioning.hyper", frozenset({"cnn", "tabular"})),
     "lin": ("fedcond.conditioning.lin", frozenset({"tabular"})),
-    "ens": ("fedcond.conditioning.ens", frozenset({"tabular"})),
+    "ens": ("fedcond.conditioning.ens", frozenset({"cnn", "tabular"})),  # on a CNN: a mixture of heads
 }
 
 
