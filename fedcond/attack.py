@@ -25,11 +25,11 @@ import numpy as np
 
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import STD_FLOOR
-from fedcond.models import ConditionalCNN
+from fedcond.models import Model
 
 
 def _updates(
-    model: ConditionalCNN, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]
+    model: Model, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]
 ) -> dict[str, np.ndarray]:
     """returned - sent, by state_dict name (the arrays as they travel, in ``get_weights`` order)."""
     shapes = [tuple(tensor.shape) for tensor in model.state_dict().values()]
@@ -45,7 +45,7 @@ def _updates(
     }
 
 
-def linear_blocks(model: ConditionalCNN, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def linear_blocks(model: Model, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(P, Q): the update of the block linear in s, shaped (d, k), and of its companion, shaped (k,),
     so that P = s Q^T for one client's update."""
     if not model.condition_dim:
@@ -54,7 +54,7 @@ def linear_blocks(model: ConditionalCNN, update: dict[str, np.ndarray]) -> tuple
 
 
 def reconstruct_condition(
-    model: ConditionalCNN, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]
+    model: Model, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]
 ) -> np.ndarray:
     """The fingerprint (as the model was fed it: z-scored under federated normalisation) that best
     explains ``returned - sent``: s = P Q / |Q|^2.

@@ -145,6 +145,10 @@ class TabularModel(nn.Module):
         return self.mechanism.logits(self, features, condition.expand(len(features), -1))
 
 
+#: Any model a run builds: a CNN for images, a tabular model for feature vectors.
+Model = ConditionalCNN | TabularModel
+
+
 def build_model(
     input_shape: tuple[int, ...],
     num_classes: int,
@@ -153,14 +157,14 @@ def build_model(
     conditioning: str = "concat",
     hidden_units: int = 0,
     ensemble_size: int = 8,
-) -> nn.Module:
+) -> Model:
     """A freshly initialised model, a CNN for images and a ``TabularModel`` for feature vectors; the
     same seed gives the same weights on every machine."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     if len(input_shape) == 1:
         check_conditioning_for(conditioning, "tabular", "a tabular task")
-        model: nn.Module = TabularModel(
+        model: Model = TabularModel(
             input_shape[0], num_classes, condition_dim, conditioning, hidden_units, ensemble_size
         )
     else:
@@ -181,7 +185,7 @@ def run_fingerprint_size(config: RunConfig, num_classes: int) -> int:
     )
 
 
-def build_run_model(config: RunConfig, num_classes: int, conditioned: bool, seed: int | None = None) -> nn.Module:
+def build_run_model(config: RunConfig, num_classes: int, conditioned: bool, seed: int | None = None) -> Model:
     """The model of a run, as the server and every client build it (``seed`` defaults to the run's)."""
     from fedcond.datasets import dataset_spec
 

@@ -1,6 +1,7 @@
 """What every conditioning mechanism provides (``fedcond.conditioning`` lists them).
 
-The network is a ``fedcond.models.ConditionalCNN`` (typed ``nn.Module`` here: that module builds on this one).
+The network is a ``fedcond.models.ConditionalCNN`` or a ``TabularModel`` (typed ``nn.Module`` here: that
+module builds on this one).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from torch import nn
 
 
 class Mechanism:
-    """How a ``ConditionalCNN`` (conv features -> FC hidden -> ReLU -> FC classes) takes s.
+    """How a ``ConditionalCNN`` (conv features -> FC hidden -> ReLU -> FC classes), or a tabular model's
+    MLP (features -> FC hidden -> ReLU -> FC outputs), takes s.
 
     The network's ``classifier`` is (first FC, ReLU, head); subclasses override what differs.
     """

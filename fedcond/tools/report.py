@@ -596,10 +596,12 @@ def _paper_table(rows: Sequence[Row], spec: TableSpec) -> tuple[str, dict[str, P
         "| " + spec.rows + " | " + " | ".join(headers) + " |",
         "|---|" + "---|" * len(slots) * (2 if held else 1),
     ]
+    metric = rows_metric(rows)
+    pick = min if metric in LOWER_IS_BETTER else max  # the best: the lowest RMSE, the highest accuracy
     best = {}
     for slot in slots:
         means = [_mean(data.cell(row, *slot)) for row in data.rows]
-        best[slot] = max((mean for mean in means if math.isfinite(mean)), default=math.nan)
+        best[slot] = pick((mean for mean in means if math.isfinite(mean)), default=math.nan)
     for row in data.rows:
         cells = []
         for slot in slots:
@@ -607,7 +609,7 @@ def _paper_table(rows: Sequence[Row], spec: TableSpec) -> tuple[str, dict[str, P
             text = format_accuracy(_mean(values), confidence_half_width(values)) if values else "—"
             text = f"**{text}**" if values and _mean(values) == best[slot] else text
             if values and with_paper:
-                paper, delta = _paper_cells(_mean(values), matches[f"{row} {data.header(*slot)}"])
+                paper, delta = _paper_cells(_mean(values), matches[f"{row} {data.header(*slot)}"], metric)
                 text += f" (paper {paper}, {delta})" if paper != "—" else " (paper —)"
             cells.append(text)
             if held:
@@ -648,7 +650,8 @@ def tables_markdown(rows: Sequence[Row], specs: Sequence[TableSpec], title: str,
     parts = [f"# {title}", ""]
     if rows:
         parts += [
-            "Cells: final-round mean client test accuracy, mean over seeds (± 95% Student-t half-width with",
+            f"Cells: final-round mean client test {rows_metric(rows)}, mean over seeds (± 95% Student-t "
+            "half-width with",
             "several seeds); bold marks the best method of each column.",
         ]
     for number, spec in enumerate(specs, start=1):
@@ -715,20 +718,23 @@ def with_variants(rows: Sequence[Row], settings: Mapping[str, object]) -> list[R
     return filled
 
 
-def comparison_table(summaries: Sequence[MethodSummary], matches: Mapping[str, PaperMatch]) -> str:
+def comparison_table(
+    summaries: Sequence[MethodSummary], matches: Mapping[str, PaperMatch], metric: str = "accuracy"
+) -> str:
     """Markdown: method | ours (mean ± 95% CI) | paper | Δ | [held-out clients] | seeds | time per run.
 
     The held-out column (clients that never trained, evaluated with the model a newcomer gets)
     appears when some run measured it: it tells a fingerprint that describes a distribution from
     one that identifies the training clients."""
     with_heldout = any(math.isfinite(s.final_heldout) for s in summaries)
-    header = ["method", "ours", "paper", "Δ", *(["held-out clients"] * with_heldout), "seeds", "time per run"]
+    ours = "ours" if metric == "accuracy" else f"ours ({metric})"
+    header = ["method", ours, "paper", "Δ", *(["held-out clients"] * with_heldout), "seeds", "time per run"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
         cells = [
             s.method,
             format_accuracy(s.final_mean, s.final_half_width),
-            *_paper_cells(s.final_mean, matches.get(s.method)),
+            *_paper_cells(s.final_mean, matches.get(s.method), metric),
             *([format_accuracy(s.final_heldout)] * with_heldout),
         ]
         cells += [str(s.seeds), format_duration(s.wall_seconds) if math.isfinite(s.wall_seconds) else "n/a"]
@@ -770,7 +776,7 @@ def folder_section(folder: Path, base: Path) -> list[str]:
             "",
             f"{budget}, data fraction {', '.join(fractions)}, seeds {', '.join(seeds)}.",
             "",
-            comparison_table(summarise(point_rows), matches),
+            comparison_table(summarise(point_rows), matches, rows_metric(point_rows)),
             *legend_markdown(paper_legend(point_rows, matches)),
             "",
             f"![convergence]({_link(figure, base)})"
@@ -795,7 +801,8 @@ def reproduction_markdown(folders: Sequence[Path], notes: str, command: str, bas
         f"*This section is generated from the results folders below: {do_not_edit}.* Ours: final-round mean "
         "client test accuracy, the mean over seeds ± the 95% Student-t half-width with several seeds. Paper: the "
         "paper's number for the same setting (experiments/paper/results.md); Δ: ours minus paper, in accuracy "
-        "points. Time per run: mean wall time of one run on the machine that ran it.",
+        "points (a regression task's: its RMSE, lower is better, and the difference in RMSE). Time per run: mean "
+        "wall time of one run on the machine that ran it.",
         "",
     ]
     for folder in folders:
