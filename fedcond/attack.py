@@ -28,9 +28,7 @@ from fedcond.fingerprint import STD_FLOOR
 from fedcond.models import Model
 
 
-def _updates(
-    model: Model, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]
-) -> dict[str, np.ndarray]:
+def _updates(model: Model, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """returned - sent, by state_dict name (the arrays as they travel, in ``get_weights`` order)."""
     shapes = [tuple(tensor.shape) for tensor in model.state_dict().values()]
     if [np.shape(array) for array in sent] != shapes or [np.shape(array) for array in returned] != shapes:
@@ -53,9 +51,7 @@ def linear_blocks(model: Model, update: dict[str, np.ndarray]) -> tuple[np.ndarr
     return model.mechanism.linear_blocks(model, update)
 
 
-def reconstruct_condition(
-    model: Model, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]
-) -> np.ndarray:
+def reconstruct_condition(model: Model, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]) -> np.ndarray:
     """The fingerprint (as the model was fed it: z-scored under federated normalisation) that best
     explains ``returned - sent``: s = P Q / |Q|^2.
 

@@ -94,15 +94,21 @@ def test_lin_starts_as_one_shared_linear_model_and_ens_as_an_even_blend():
     torch.testing.assert_close(heads(images, torch.zeros(1, 4)), heads(images, torch.randn(1, 4)))
 
 
-def test_ens_on_a_cnn_keeps_the_backbones_seeded_weights_and_head_as_its_first_expert():
+def test_ens_on_a_cnn_keeps_the_backbones_seeded_weights_and_head_and_blends_corrections_of_it():
     plain, heads = build_model((1, 8, 8), 10, 0, seed=0), build_model((1, 8, 8), 10, 4, seed=0, conditioning="ens")
     mixed = dict(heads.named_parameters())
     for name, parameter in plain.named_parameters():
         torch.testing.assert_close(mixed[name], parameter)
-    with torch.no_grad():  # a gate sure of expert 0: the plain network's output
-        heads.gate.bias.copy_(torch.tensor([50.0, *[0.0] * 7]))
     images = torch.rand(3, 1, 8, 8)
-    torch.testing.assert_close(heads(images, torch.zeros(1, 4)), plain(images), atol=1e-5, rtol=1e-5)
+    # Expert k's head is the backbone's head plus a small correction D_k, of a tenth of its scale.
+    start = heads(images, torch.zeros(1, 4)) - plain(images)
+    assert 0 < start.abs().max() < 0.1 * plain(images).abs().max()
+    with torch.no_grad():  # expert 3 alone, with its correction only in its rows of the heads' layer
+        heads.gate.bias.copy_(torch.tensor([-50.0] * 3 + [50.0] + [-50.0] * 4))
+        heads.heads.weight.zero_()
+        heads.heads.bias.zero_()
+        heads.heads.bias[30:40] = 1.0
+    torch.testing.assert_close(heads(images, torch.zeros(1, 4)), plain(images) + 1.0, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("conditioning", "kind"), [(name, "cnn") for name in CNN_MECHANISMS]

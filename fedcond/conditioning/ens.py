@@ -21,6 +21,7 @@ from fedcond.conditioning.base import hidden_activations
 from fedcond.conditioning.tabular_base import TabularMechanism
 
 DEFAULT_ENSEMBLE_SIZE = 8  # Table VII's clusters: the most the appendix's tasks need
+CORRECTION_SCALE = 0.1  # a CNN expert's head correction D_k, relative to a layer's initial scale
 
 
 def _on_cnn(model: nn.Module) -> bool:
@@ -34,7 +35,10 @@ class Ens(TabularMechanism):
 
     def add_modules(self, model: nn.Module, condition_dim: int, hidden: int, num_classes: int) -> None:
         if _on_cnn(model):
-            model.heads = nn.Linear(hidden, (model.ensemble_size - 1) * num_classes)
+            model.heads = nn.Linear(hidden, model.ensemble_size * num_classes)
+            with torch.no_grad():
+                model.heads.weight.mul_(CORRECTION_SCALE)
+                model.heads.bias.mul_(CORRECTION_SCALE)
         else:
             model.experts = nn.Linear(model.num_features, model.ensemble_size * num_classes)
         model.gate = nn.Linear(condition_dim, model.ensemble_size)
@@ -46,10 +50,9 @@ class Ens(TabularMechanism):
         if _on_cnn(model):
             head, hidden = hidden_activations(model, features)
             hidden = model.classifier[1](hidden)
-            extra = model.heads(hidden).view(len(features), model.ensemble_size - 1, -1)
-            outputs = torch.cat([head(hidden)[:, None, :], extra], dim=1)  # (batch, experts, classes)
-        else:
-            outputs = model.experts(features).view(len(features), model.ensemble_size, -1)
+            corrections = model.heads(hidden).view(len(features), model.ensemble_size, -1)
+            return head(hidden) + torch.einsum("bk,bkc->bc", blend, corrections)
+        outputs = model.experts(features).view(len(features), model.ensemble_size, -1)  # (batch, experts, classes)
         return torch.einsum("bk,bkc->bc", blend, outputs)
 
     def extra_parameters(self, condition_dim: int, hidden: int, num_classes: int, num_features: int = 0) -> int:
@@ -57,7 +60,7 @@ class Ens(TabularMechanism):
         # (num_features 0) over its backbone, a tabular model's over the plain linear model.
         experts, gate = DEFAULT_ENSEMBLE_SIZE, (condition_dim + 1) * DEFAULT_ENSEMBLE_SIZE
         if not num_features:
-            return (experts - 1) * (hidden + 1) * num_classes + gate
+            return experts * (hidden + 1) * num_classes + gate
         return experts * (num_features + 1) * num_classes + gate - self.plain_parameters(num_features, num_classes)
 
     def linear_blocks(self, model: nn.Module, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
