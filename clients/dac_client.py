@@ -7,7 +7,7 @@ import numpy as np
 from clients.fedcond_client import FedcondClient
 from fedcond.aggregation import DAC_NEIGHBOURS
 from fedcond.errors import FedcondError
-from fedcond.models import Model, set_weights
+from fedcond.models import Network, set_weights
 from fedcond.newcomers import lowest_loss_average
 
 
@@ -19,7 +19,7 @@ class DacClient(FedcondClient):
 
     options = (DAC_NEIGHBOURS,)
 
-    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Model:
+    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
         per_model = len(self.model.state_dict())
         if not parameters or len(parameters) % per_model:
             raise FedcondError("a DAC newcomer received a partial set of models; server and client disagree")

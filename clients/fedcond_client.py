@@ -40,7 +40,7 @@ from fedcond.messages import (
     TRAIN_LOSS,
 )
 from fedcond.model_store import CLIENT_STATE_DIR, ClientModelFiles
-from fedcond.models import Model, build_run_model, get_weights, set_weights
+from fedcond.models import Network, build_run_model, get_weights, set_weights
 from fedcond.newcomers import NEWCOMER_STEPS, step_indices
 from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy
 from fedcond.scenarios import drift_partners_of
@@ -54,7 +54,7 @@ Evaluated = tuple[float, int, dict[str, object]]
 
 
 @functools.lru_cache(maxsize=4)
-def _reusable_model(run_config: RunConfig, num_classes: int, conditioned: bool, thread: int) -> Model:
+def _reusable_model(run_config: RunConfig, num_classes: int, conditioned: bool, thread: int) -> Network:
     # One model per thread and run, shared by every client the thread serves: each message sets all
     # of its state (parameters and buffers) before using it, so nothing carries over between
     # clients. A Ray actor handles one message at a time in one thread; a runtime that handles
@@ -106,11 +106,11 @@ class FedcondClient(NumPyClient):
         self.train_settings = TrainSettings.of(run_config)
         self.privacy = SampleLevelPrivacy.of(run_config)
 
-    def fresh_model(self) -> Model:
+    def fresh_model(self) -> Network:
         """The seeded initial model: identical on every client and on the server."""
         return build_run_model(self.run_config, self.data.num_classes, self.conditioned)
 
-    def working_model(self) -> Model:
+    def working_model(self) -> Network:
         """The model the received weights are loaded into: reused between messages within a process.
 
         Only for weights set from a message (``set_weights`` overwrites every parameter and buffer);
@@ -120,7 +120,7 @@ class FedcondClient(NumPyClient):
             return self.fresh_model()
         return _reusable_model(self.run_config, self.data.num_classes, self.conditioned, threading.get_ident())
 
-    def stored_model(self, key: str) -> Model | None:
+    def stored_model(self, key: str) -> Network | None:
         """A model this client keeps between rounds, in ``context.state`` or its ``client-state-dir``
         files (None before the first save)."""
         if self.model_files is not None:
@@ -135,7 +135,7 @@ class FedcondClient(NumPyClient):
         set_weights(model, weights)
         return model
 
-    def store_model(self, key: str, model: Model) -> None:
+    def store_model(self, key: str, model: Network) -> None:
         if self.model_files is not None:
             self.model_files.put(key, get_weights(model))
         else:
@@ -149,7 +149,7 @@ class FedcondClient(NumPyClient):
 
     def train_locally(
         self,
-        model: Model,
+        model: Network,
         round_config: dict[str, object],
         settings: TrainSettings | None = None,
         proximal: ProximalTerm | None = None,
@@ -174,14 +174,14 @@ class FedcondClient(NumPyClient):
             self.round_seed(round_config), proximal,
         )  # fmt: skip
 
-    def evaluate_model(self, model: Model, round_config: dict[str, object]) -> Evaluated:
+    def evaluate_model(self, model: Network, round_config: dict[str, object]) -> Evaluated:
         """``model`` on this client's test set, reported as Flower's evaluate expects."""
         condition = self.condition(round_config)
         result = self.evaluate_on(model, self.data.test_x, self.data.test_y, condition)
         return result.loss, result.num_samples, {ACCURACY: result.accuracy}
 
     def evaluate_on(
-        self, model: Model, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None
+        self, model: Network, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None
     ) -> EvalResult:
         """``fedcond.training.evaluate`` under this run's layout and task (a regression's RMSE)."""
         settings = self.train_settings
@@ -297,7 +297,7 @@ class FedcondClient(NumPyClient):
         """A held-out client: partition ids after the training clients' (it never trains)."""
         return self.data.partition_id >= self.run_config.num_training_clients
 
-    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Model:
+    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
         """The model this method serves a newcomer, from what the server sends it: that model as it is
         (FedAvg's and Ditto's global model, Oracle's cluster model, Gossip's peer model; Conditional feeds
         it the newcomer's fingerprint). A method with another rule overrides this (fedcond.newcomers)."""
@@ -314,7 +314,7 @@ class FedcondClient(NumPyClient):
             metrics = {**metrics, ADAPTED_ACCURACY: self.adapted_accuracy(served, steps, round_config)}
         return loss, examples, metrics
 
-    def adapted_accuracy(self, served: Model, steps: int, round_config: dict[str, object]) -> float:
+    def adapted_accuracy(self, served: Network, steps: int, round_config: dict[str, object]) -> float:
         adapted = self.fresh_model()
         set_weights(adapted, get_weights(served))
         seed = self.round_seed(round_config)

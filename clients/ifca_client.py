@@ -8,7 +8,7 @@ from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.aggregation import lowest_loss_choice
 from fedcond.errors import FedcondError
 from fedcond.messages import CHOICE, EVALUATE_CHOICE, TRAIN_LOSS
-from fedcond.models import Model, get_weights, set_weights
+from fedcond.models import Network, get_weights, set_weights
 
 
 class IfcaClient(FedcondClient):
@@ -52,7 +52,7 @@ class IfcaClient(FedcondClient):
         set_weights(self.model, self.split_models(parameters)[int(round_config[EVALUATE_CHOICE])])  # type: ignore[arg-type]
         return self.evaluate_model(self.model, round_config)
 
-    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Model:
+    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
         """IFCA's cluster identity step for a newcomer: the K models' lowest loss on its training data."""
         candidates = self.split_models(parameters)
         set_weights(self.model, candidates[self.choose(candidates, round_config)])

@@ -7,7 +7,7 @@ import numpy as np
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.messages import TRAIN_LOSS
 from fedcond.model_store import CLIENT_STATE_DIR
-from fedcond.models import Model
+from fedcond.models import Network
 
 LOCAL_MODEL = "local-model"
 
@@ -19,7 +19,7 @@ class LocalClient(FedcondClient):
 
     state_lost_on_resume = "each client's own model (trained again from the initial model)"
 
-    def own_model(self) -> Model:
+    def own_model(self) -> Network:
         return self.stored_model(LOCAL_MODEL) or self.fresh_model()
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
@@ -31,5 +31,5 @@ class LocalClient(FedcondClient):
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         return self.evaluate_model(self.own_model(), round_config)
 
-    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Model:
+    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
         return self.own_model()  # nobody else's: untrained until newcomer-steps train a copy

@@ -25,10 +25,10 @@ import numpy as np
 
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import STD_FLOOR
-from fedcond.models import Model
+from fedcond.models import Network
 
 
-def _updates(model: Model, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+def _updates(model: Network, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """returned - sent, by state_dict name (the arrays as they travel, in ``get_weights`` order)."""
     shapes = [tuple(tensor.shape) for tensor in model.state_dict().values()]
     if [np.shape(array) for array in sent] != shapes or [np.shape(array) for array in returned] != shapes:
@@ -43,7 +43,7 @@ def _updates(model: Model, sent: Sequence[np.ndarray], returned: Sequence[np.nda
     }
 
 
-def linear_blocks(model: Model, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def linear_blocks(model: Network, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(P, Q): the update of the block linear in s, shaped (d, k), and of its companion, shaped (k,),
     so that P = s Q^T for one client's update."""
     if not model.condition_dim:
@@ -51,7 +51,7 @@ def linear_blocks(model: Model, update: dict[str, np.ndarray]) -> tuple[np.ndarr
     return model.mechanism.linear_blocks(model, update)
 
 
-def reconstruct_condition(model: Model, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]) -> np.ndarray:
+def reconstruct_condition(model: Network, sent: Sequence[np.ndarray], returned: Sequence[np.ndarray]) -> np.ndarray:
     """The fingerprint (as the model was fed it: z-scored under federated normalisation) that best
     explains ``returned - sent``: s = P Q / |Q|^2.
 

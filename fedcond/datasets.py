@@ -236,16 +236,30 @@ def _idx_loader(name: str, class_names: tuple[str, ...]) -> Callable[[Path | Non
                 )
             if labels.max() >= len(class_names):
                 raise FedcondError(f"{folder}: {split} labels exceed {len(class_names)} classes; wrong files?")
-        return ArrayDataset(
-            name,
-            (arrays["train_x"].astype(np.float32) / 255.0)[:, None, :, :],
-            arrays["train_y"].astype(np.int64),
-            (arrays["test_x"].astype(np.float32) / 255.0)[:, None, :, :],
-            arrays["test_y"].astype(np.int64),
-            class_names,
-        )
+        return _grey_dataset(name, arrays, class_names)
 
     return load
+
+
+def _grey_dataset(
+    name: str,
+    arrays: dict[str, np.ndarray],
+    class_names: tuple[str, ...],
+    superclass_of: tuple[int, ...] = (),
+    superclass_names: tuple[str, ...] = (),
+) -> ArrayDataset:
+    """Decoded idx arrays, uint8 images (n, height, width), as a dataset: pixels in [0, 1] with a
+    channel axis added after the scaling (the strides fedcond.datasets' cache keeps)."""
+    return ArrayDataset(
+        name,
+        (arrays["train_x"].astype(np.float32) / 255.0)[:, None, :, :],
+        arrays["train_y"].astype(np.int64),
+        (arrays["test_x"].astype(np.float32) / 255.0)[:, None, :, :],
+        arrays["test_y"].astype(np.int64),
+        class_names,
+        superclass_of,
+        superclass_names,
+    )
 
 
 def _cifar10(data_dir: Path | None) -> ArrayDataset:
@@ -347,16 +361,7 @@ def _emnist_loader(name: str) -> Callable[[Path | None], ArrayDataset]:
         case_of = tuple(
             0 if character.isdigit() else 1 if character.isupper() else 2 for character in characters
         )  # fmt: skip
-        return ArrayDataset(
-            name,
-            (upright["train_x"].astype(np.float32) / 255.0)[:, None, :, :],
-            arrays["train_y"].astype(np.int64),
-            (upright["test_x"].astype(np.float32) / 255.0)[:, None, :, :],
-            arrays["test_y"].astype(np.int64),
-            characters,
-            case_of,
-            EMNIST_CASES,
-        )
+        return _grey_dataset(name, {**arrays, **upright}, characters, case_of, EMNIST_CASES)
 
     return load
 

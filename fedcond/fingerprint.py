@@ -40,30 +40,49 @@ def feature_matrix(images: np.ndarray, labels: np.ndarray, num_classes: int) -> 
     return np.concatenate([pixels, onehot], axis=1)
 
 
-def covariance_eigenvalues(features: np.ndarray, dim: int, seed: int = 0) -> np.ndarray:
-    """Top-``dim`` eigenvalues of the sample covariance of ``features``, descending, zero-padded.
+def _top_singular(
+    features: np.ndarray, count: int, seed: int, with_vectors: bool
+) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """The top singular values of the centred ``features`` (descending), their right singular vectors
+    as rows in the same order when ``with_vectors`` (else None), and how many there are: at most
+    ``count``, and one fewer than the samples (centring removes one rank).
 
-    A truncated (Lanczos, ARPACK) SVD of the centred matrix costs O(n·d) per iteration and never
-    forms the d x d covariance; it converges to the same values as ``numpy.linalg.eigh`` of the
-    covariance to ~1e-10 relative, also where a randomized SVD would not (flat spectral tails). The
-    result does not depend on the order of the rows.
+    A truncated (Lanczos, ARPACK) SVD costs O(n·d) per iteration and never forms the d x d
+    covariance; below ``EXACT_SVD_LIMIT`` rows or columns the full SVD is used.
     """
     num_samples, num_features = features.shape
     if num_samples < 2:
         raise FedcondError(f"a fingerprint needs at least 2 training samples, the client holds {num_samples}")
     centred = features - features.mean(axis=0, keepdims=True)
-    components = min(dim, num_samples - 1, num_features)  # centring removes one rank
+    components = min(count, num_samples - 1, num_features)
     if min(num_samples, num_features) <= EXACT_SVD_LIMIT:
-        singular = np.linalg.svd(centred, compute_uv=False)[:components]
-    else:
-        # Imported here: scipy.sparse.linalg costs ~0.2 s, and a deployed ClientApp is a new process
-        # per message that computes its fingerprint once (then keeps it in its state).
-        from scipy.sparse.linalg import svds
+        if not with_vectors:
+            return np.linalg.svd(centred, compute_uv=False)[:components], None, components
+        _, singular, right = np.linalg.svd(centred, full_matrices=False)
+        return singular[:components], right[:components], components
+    # Imported here: scipy.sparse.linalg costs ~0.2 s, and a deployed ClientApp is a new process per
+    # message that computes its fingerprint once (then keeps it in its state).
+    from scipy.sparse.linalg import svds
 
-        start = np.random.default_rng(seed).standard_normal(min(num_samples, num_features))
+    start = np.random.default_rng(seed).standard_normal(min(num_samples, num_features))
+    if not with_vectors:
         singular = svds(centred, k=components, v0=start, return_singular_vectors=False, tol=0)
+        return np.sort(singular)[::-1], None, components
+    _, singular, right = svds(centred, k=components, v0=start, tol=0)
+    order = np.argsort(singular)[::-1]  # svds returns them ascending
+    return singular[order], right[order], components
+
+
+def covariance_eigenvalues(features: np.ndarray, dim: int, seed: int = 0) -> np.ndarray:
+    """Top-``dim`` eigenvalues of the sample covariance of ``features``, descending, zero-padded.
+
+    From the SVD of the centred matrix (``_top_singular``): the same values as ``numpy.linalg.eigh``
+    of the covariance to ~1e-10 relative, also where a randomized SVD would not (flat spectral
+    tails). The result does not depend on the order of the rows.
+    """
+    singular, _, components = _top_singular(features, dim, seed, with_vectors=False)
     eigenvalues = np.zeros(dim, dtype=np.float64)
-    eigenvalues[:components] = np.sort(singular**2 / (num_samples - 1))[::-1]
+    eigenvalues[:components] = singular**2 / (len(features) - 1)
     return eigenvalues
 
 
@@ -82,20 +101,8 @@ def covariance_eigenvectors(features: np.ndarray, count: int, seed: int = 0) -> 
     column of Z) is positive, or where that is zero its largest entry, so that two clients of one
     distribution get the same vector and not its negative.
     """
-    num_samples, num_features = features.shape
-    if num_samples < 2:
-        raise FedcondError(f"a fingerprint needs at least 2 training samples, the client holds {num_samples}")
-    centred = features - features.mean(axis=0, keepdims=True)
-    components = min(count, num_samples - 1, num_features)
-    if min(num_samples, num_features) <= EXACT_SVD_LIMIT:
-        vectors = np.linalg.svd(centred, full_matrices=False)[2][:components]
-    else:
-        from scipy.sparse.linalg import svds
-
-        start = np.random.default_rng(seed).standard_normal(min(num_samples, num_features))
-        _, singular, right = svds(centred, k=components, v0=start, tol=0)
-        vectors = right[np.argsort(singular)[::-1]]
-    rows = np.zeros((count, num_features), dtype=np.float64)
+    _, vectors, _ = _top_singular(features, count, seed, with_vectors=True)
+    rows = np.zeros((count, features.shape[1]), dtype=np.float64)
     for index, vector in enumerate(vectors):
         pivot = vector[-1] if abs(vector[-1]) > SIGN_TOLERANCE else vector[np.argmax(np.abs(vector))]
         rows[index] = vector if pivot >= 0 else -vector
@@ -374,7 +381,6 @@ def check_fingerprint_for(name: str, dim: int, dataset: str, encoder: str) -> No
         )
     if name != "eigenvector":
         return
-
     dimensions = phi_features(dataset, encoder) + dataset_spec(dataset).num_classes
     if dim > dimensions:
         raise FedcondError(

@@ -49,6 +49,14 @@ def cifar_features(channels: int) -> nn.Sequential:
     )  # fmt: skip
 
 
+def conditioned_logits(model: nn.Module, features: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
+    """A conditioned network's outputs from its features and the client's fingerprint, one row (1, d)
+    broadcast to every sample or one per sample, as its mechanism computes them."""
+    if condition is None:
+        raise ValueError("a conditioned model needs its client's fingerprint")
+    return model.mechanism.logits(model, features, condition.expand(len(features), -1))
+
+
 class ConditionalCNN(nn.Module):
     """A conv feature stack, then FC hidden -> ReLU -> FC classes, conditioned as ``conditioning`` says.
 
@@ -93,9 +101,7 @@ class ConditionalCNN(nn.Module):
         features = self.features(images)
         if not self.condition_dim:
             return self.classifier(features)
-        if condition is None:
-            raise ValueError("a conditioned model needs its client's fingerprint")
-        return self.mechanism.logits(self, features, condition.expand(len(features), -1))
+        return conditioned_logits(self, features, condition)
 
 
 #: The tabular MLP's hidden units when ``hidden-units`` is 0.
@@ -140,13 +146,11 @@ class TabularModel(nn.Module):
     def forward(self, features: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
         if not self.condition_dim:
             return self.linear(features)
-        if condition is None:
-            raise ValueError("a conditioned model needs its client's fingerprint")
-        return self.mechanism.logits(self, features, condition.expand(len(features), -1))
+        return conditioned_logits(self, features, condition)
 
 
 #: Any model a run builds: a CNN for images, a tabular model for feature vectors.
-Model = ConditionalCNN | TabularModel
+Network = ConditionalCNN | TabularModel
 
 
 def build_model(
@@ -157,14 +161,14 @@ def build_model(
     conditioning: str = "concat",
     hidden_units: int = 0,
     ensemble_size: int = 8,
-) -> Model:
+) -> Network:
     """A freshly initialised model, a CNN for images and a ``TabularModel`` for feature vectors; the
     same seed gives the same weights on every machine."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     if len(input_shape) == 1:
         check_conditioning_for(conditioning, "tabular", "a tabular task")
-        model: Model = TabularModel(
+        model: Network = TabularModel(
             input_shape[0], num_classes, condition_dim, conditioning, hidden_units, ensemble_size
         )
     else:
@@ -185,7 +189,7 @@ def run_fingerprint_size(config: RunConfig, num_classes: int) -> int:
     )
 
 
-def build_run_model(config: RunConfig, num_classes: int, conditioned: bool, seed: int | None = None) -> Model:
+def build_run_model(config: RunConfig, num_classes: int, conditioned: bool, seed: int | None = None) -> Network:
     """The model of a run, as the server and every client build it (``seed`` defaults to the run's)."""
     from fedcond.datasets import dataset_spec
 

@@ -52,7 +52,7 @@ from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import RoundRecord, RunRecorder, failures_recorded, open_run, reopen_run
 from fedcond.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
-from fedcond.models import Model, build_run_model, get_weights, set_weights
+from fedcond.models import Network, build_run_model, get_weights, set_weights
 from fedcond.scenarios import scenario_for
 from fedcond.training import MomentumSGD, TrainSettings, evaluate, new_optimiser, pick_device, run_epochs
 
@@ -80,7 +80,7 @@ POOLED_METHODS = {
 class PooledModel:
     """One model of a pooled run, its pooled training data, and its optimiser and batch-order state."""
 
-    model: Model
+    model: Network
     optimiser: MomentumSGD
     generator: torch.Generator
     data: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]

@@ -1,5 +1,6 @@
-"""What the tabular-only mechanisms (lin, ens) share: each builds the whole conditioned network over
-feature vectors (``fedcond.models.TabularModel``), where concat, film and hyper condition its MLP.
+"""What lin and ens share on a tabular model: each builds the whole conditioned network over feature
+vectors (``fedcond.models.TabularModel``), where concat, film and hyper condition its MLP (ens on a
+CNN conditions its head instead: ``fedcond.conditioning.ens``).
 
 The unconditioned tabular model is a linear model (logistic regression on a classification task):
 the model class of the appendix's references, Global, Cluster and Client; ``extra_parameters``
