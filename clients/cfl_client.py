@@ -1,19 +1,39 @@
 """CFL's client (Sattler et al. 2020): trains the one model of its cluster that the server sends and
 returns it, as FedAvg's client does; the server compares the updates' directions to split clusters
-(``strategies.cfl``). A newcomer receives every cluster's model and is served the one with the
-lowest loss on its training data (IFCA's rule: ``clients.ifca_client``)."""
+(``strategies.cfl``). A newcomer walks the paper's parameter tree (``fedcond.parameter_tree``): at
+each split on its way it trains the split's model on its own data and follows the side its update
+agrees with, down to the cluster whose model it is served."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from clients.ifca_client import IfcaClient
+from clients.fedcond_client import FedcondClient
+from fedcond.aggregation import flatten
+from fedcond.errors import FedcondError
+from fedcond.messages import PARAMETER_TREE
+from fedcond.models import Network, get_weights, set_weights
+from fedcond.parameter_tree import unpack, walk
 
 
-class CflClient(IfcaClient):
-    """IFCA's client, with one candidate while training: nothing to choose, nothing evaluated first."""
+class CflClient(FedcondClient):
+    """FedAvg's client while training; a newcomer places itself by the parameter tree."""
 
     released_beyond_training = "nothing: the server reads the direction of each trained model's update"
 
-    def choose(self, candidates: list[list[np.ndarray]], round_config: dict[str, object]) -> int:
-        return 0 if len(candidates) == 1 else super().choose(candidates, round_config)
+    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
+        if PARAMETER_TREE not in round_config:
+            raise FedcondError(
+                "a CFL newcomer's message has no parameter tree; server and client run other fedcond versions"
+            )
+        leaves, splits = unpack(parameters, str(round_config[PARAMETER_TREE]), len(self.model.state_dict()))
+
+        def update_at(model: list[np.ndarray]) -> np.ndarray:
+            trained = self.fresh_model()
+            set_weights(trained, model)
+            self.train_locally(trained, round_config)
+            return flatten(get_weights(trained)) - flatten(model)
+
+        leaf, _ = walk(splits, update_at)
+        set_weights(self.model, leaves[leaf])
+        return self.model

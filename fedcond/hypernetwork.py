@@ -58,13 +58,24 @@ class HyperNetwork(nn.Module):
         weights = self.embeddings.weight
         return weights.mean(dim=0) if client is None else weights[client]
 
-    @torch.no_grad()
     def weights_for(self, client: int | None) -> Model:
         """The model the hypernetwork generates for ``client`` (None: from the mean embedding)."""
+        return self.weights_from(self.embedding(client))
+
+    @torch.no_grad()
+    def weights_from(self, embedding: torch.Tensor) -> Model:
+        """The model the hypernetwork generates from ``embedding``."""
         model = [np.array(array, copy=True) for array in self.template]
-        for i, tensor in zip(self.generated, self(self.embedding(client)), strict=True):
+        for i, tensor in zip(self.generated, self(embedding), strict=True):
             model[i] = tensor.numpy().astype(self.template[i].dtype)
         return model
+
+    def update_surrogate(self, embedding: torch.Tensor, sent: Model, returned: Model) -> torch.Tensor:
+        """(h(embedding) . (theta_sent - theta_returned)): its gradient is the chain rule of Algorithm 1,
+        line 9, with the client's update standing for its loss gradient at the model it was sent."""
+        deltas = [torch.from_numpy(np.asarray(sent[i], np.float32) - np.asarray(returned[i], np.float32))
+                  for i in self.generated]  # fmt: skip
+        return sum((tensor * delta).sum() for tensor, delta in zip(self(embedding), deltas, strict=True))  # type: ignore[return-value]
 
 
 class HyperNetworkTrainer:
@@ -77,12 +88,8 @@ class HyperNetworkTrainer:
 
     def step(self, client: int, sent: Model, returned: Model) -> None:
         """Move phi and v_client along (grad theta)^T (theta_sent - theta_returned)."""
-        generated = self.net(self.net.embedding(client))
-        deltas = [torch.from_numpy(np.asarray(sent[i], np.float32) - np.asarray(returned[i], np.float32))
-                  for i in self.net.generated]  # fmt: skip
-        surrogate = sum((tensor * delta).sum() for tensor, delta in zip(generated, deltas, strict=True))
         self.optimizer.zero_grad()
-        surrogate.backward()  # type: ignore[union-attr]
+        self.net.update_surrogate(self.net.embedding(client), sent, returned).backward()
         nn.utils.clip_grad_norm_(self.net.parameters(), GRADIENT_CLIP)
         self.optimizer.step()
 
@@ -101,3 +108,24 @@ class HyperNetworkTrainer:
                 p.copy_(torch.from_numpy(np.asarray(array)))
         for p, array in zip(self.net.parameters(), momentum, strict=True):
             self.optimizer.state[p]["momentum_buffer"] = torch.from_numpy(np.array(array, copy=True))
+
+
+class NewcomerEmbedding:
+    """A novel client's embedding, learned with the hypernetwork frozen (the paper's experiment on
+    generalisation to novel clients): it starts at the mean of the training clients' embeddings and
+    each of the client's updates moves only it, by SGD (momentum 0.9, the hypernetwork's clipping, no
+    weight decay, a learning rate of its own); phi never sees a newcomer's update."""
+
+    def __init__(self, net: HyperNetwork, learning_rate: float) -> None:
+        self.net = net
+        self.embedding = nn.Parameter(net.embedding(None).detach().clone())
+        self.optimizer = torch.optim.SGD([self.embedding], lr=learning_rate, momentum=MOMENTUM)
+
+    def weights(self) -> Model:
+        return self.net.weights_from(self.embedding.detach())
+
+    def step(self, sent: Model, returned: Model) -> None:
+        """Move the embedding alone along (grad_v theta)^T (theta_sent - theta_returned)."""
+        (gradient,) = torch.autograd.grad(self.net.update_surrogate(self.embedding, sent, returned), [self.embedding])
+        self.embedding.grad = gradient * min(1.0, GRADIENT_CLIP / max(float(gradient.norm()), 1e-12))
+        self.optimizer.step()

@@ -19,6 +19,13 @@ STEP_STATISTICS = "fingerprint-statistics"
 #: Before round 1: a descriptor-clustering client's descriptor of its training data (sent in the clear).
 STEP_DESCRIPTOR = "descriptor"
 DESCRIPTOR = "descriptor"
+#: A pFedHN newcomer's training instruction: one SGD step (number ``NEWCOMER_STEP``) on its own data
+#: from the model its embedding generates, whose update moves only that embedding.
+STEP_NEWCOMER_EMBEDDING = "newcomer-embedding"
+NEWCOMER_STEP = "newcomer-step"
+#: In a pFedHN newcomer's evaluate message: the arrays are two models, the zero-shot one (the mean
+#: embedding's) and the one its learned embedding generates.
+WITH_ADAPTED_MODEL = "with-adapted-model"
 SERVER_ROUND = "server-round"
 FINGERPRINT_MEAN = "fingerprint-mean"
 FINGERPRINT_STD = "fingerprint-std"
@@ -39,6 +46,9 @@ EVALUATED_EXAMPLES = "evaluated-examples"
 #: In a held-out client's evaluate reply (newcomer-steps > 0): the accuracy of the model it was served
 #: after that many local steps on its own training data (fedcond.newcomers).
 ADAPTED_ACCURACY = "adapted-accuracy"
+#: In a CFL newcomer's evaluate message: the shape of the parameter tree its arrays hold
+#: (fedcond.parameter_tree.header).
+PARAMETER_TREE = "parameter-tree"
 
 FLOAT64 = "<f8"
 

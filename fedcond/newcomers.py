@@ -10,7 +10,10 @@ model with the lowest loss on the newcomer's training data, Local a model of its
 only the k steps teach it), Gossip a random training client's model (its one random peer), DAC the
 uniform average of the ``dac-neighbours`` training clients' models with the lowest loss on the
 newcomer's training data (DAC's similarity for a client with no model of its own to compare),
-descriptor clustering the model of the cluster nearest the descriptor it sends before round 1.
+descriptor clustering the model of the cluster nearest the descriptor it sends before round 1, CFL
+the leaf of the parameter tree its own updates lead it to (``fedcond.parameter_tree``), pFedHN the
+mean embedding's model and, with ``newcomer-steps``, that of an embedding it learns in as many
+exchanges with the hypernetwork frozen (``strategies.pfedhn``: its k steps are embedding steps).
 """
 
 from __future__ import annotations

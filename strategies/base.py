@@ -181,6 +181,8 @@ class FedcondStrategy(Strategy):
     #: Whether a held-out client (one that never trains) has a model to evaluate under this strategy:
     #: only where the server holds a model a newcomer would be given.
     serves_held_out_clients: ClassVar[bool] = False
+    #: The round loop's thread limit (Flower's ``max_workers``), for messages a strategy sends itself.
+    max_workers: int | None = None
     #: Whether the server is told the true clusters (Oracle): refused where a scenario has none.
     uses_true_clusters: ClassVar[bool] = False
     #: Run-config settings of this strategy, declared here rather than in a central list.

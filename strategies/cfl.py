@@ -23,9 +23,11 @@ Where fedcond deviates, and why:
   largest 0.68-2.68 over rounds 1-8, and never fell below 0.4 after round 5, so the default ε1 is
   0.8 (docs/baselines.md). Each round's two norms per cluster are in run.json (``cfl-norms``), to
   set them for another setting.
-- A newcomer is served the cluster model with the lowest loss on its own training data (IFCA's rule,
-  one message). The paper places a newcomer by walking down the tree of splits with its own update
-  at each split's model, which needs one local training per level; left to do.
+- A newcomer is placed by the paper's parameter tree (``fedcond.parameter_tree``): it receives the
+  leaves' models and every split's pre-split model and side directions in one message and walks down
+  the tree itself, one local training per level, comparing its update with the mean unit update of
+  each side's clients (the paper: with each cached client update; the mean gives their mean
+  similarity at three models per split).
 - A drifting client keeps the cluster it was split into (the paper has no drift).
 """
 
@@ -34,12 +36,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters, parameters_to_ndarrays
+from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from sklearn.cluster import AgglomerativeClustering
 
 from fedcond.aggregation import Model, flatten, vector_cosine_similarities
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
+from fedcond.messages import PARAMETER_TREE
+from fedcond.parameter_tree import Split, header, pack, side_directions
+from fedcond.participation import EVALUATE
 from strategies.base import StrategyInputs, initial_weights
 from strategies.cluster_models import ClusterModels
 
@@ -65,7 +70,7 @@ class CflStrategy(ClusterModels):
     """CFL: FedAvg in one cluster, split recursively by the cosine similarity of the clients' updates
     when the cluster's mean update is small and some client's is not (module docstring)."""
 
-    serves_held_out_clients = True  # a newcomer receives every cluster's model and takes its lowest-loss one
+    serves_held_out_clients = True  # a newcomer walks the parameter tree to a cluster's model
     options = (CFL_EPS1, CFL_EPS2, CFL_WARMUP, CFL_MIN_SIZE)
     secure_aggregation_refusal = (
         "CFL's server compares the directions of the clients' own updates (their cosine similarities) to split "
@@ -77,6 +82,8 @@ class CflStrategy(ClusterModels):
         #: Each split: round, the cluster split, the new cluster's index, the two sides' partitions,
         #: the two norms and the largest similarity across the sides.
         self.splits: list[dict[str, Any]] = []
+        #: The parameter tree's nodes, one per split in the order they happened (newcomers walk it).
+        self.tree: list[Split] = []
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
@@ -133,6 +140,8 @@ class CflStrategy(ClusterModels):
             return
         cross = float(similarities[np.ix_(sides == 0, sides == 1)].max())
         new = len(self.models)
+        self.tree.append(Split(cluster, new, [array.copy() for array in self.models[cluster]],
+                               side_directions(updates, sides)))  # fmt: skip
         self.models.append([array.copy() for array in self.models[cluster]])
         for pid, side in zip(partitions, sides, strict=True):
             if side == 1:
@@ -151,6 +160,19 @@ class CflStrategy(ClusterModels):
                   f"(mean update {mean_norm:.3g} < eps1, largest {max_norm:.3g} > eps2; "
                   f"largest similarity across {cross:.3f})")  # fmt: skip
 
+    def is_newcomer(self, partition_id: int) -> bool:
+        return partition_id not in self.assignment and partition_id >= self.inputs.config.num_training_clients
+
+    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        if self.is_newcomer(partition_id):
+            return ndarrays_to_parameters(pack(self.models, self.tree))
+        return super().evaluate_parameters(partition_id, current)
+
+    def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        if stage == EVALUATE and self.is_newcomer(partition_id):
+            return {**config, PARAMETER_TREE: header(len(self.models), self.tree)}
+        return super().instruction_config(stage, partition_id, config)
+
     def record_cluster_ari(self) -> None:
         """The clusters' ARI against the true ones, into every round's record."""
         partitions = sorted(self.assignment)
@@ -159,9 +181,21 @@ class CflStrategy(ClusterModels):
 
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()
-        return models, {**values, "cfl-splits": self.splits}
+        tree = {f"cfl-tree-{j}": [*split.model, *split.directions] for j, split in enumerate(self.tree)}
+        return {**models, **tree}, {**values, "cfl-splits": self.splits}
 
     def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
         self.splits = list(values["cfl-splits"])
+        kept = all(f"cfl-tree-{j}" in models for j in range(len(self.splits)))
+        if not kept and self.inputs.config.held_out_clients:
+            raise FedcondError(
+                "this CFL checkpoint was written before CFL kept its parameter tree, which its newcomers walk; "
+                "delete the run's checkpoint.pt to run it again from round 1"
+            )
+        self.tree = []
+        for j, entry in enumerate(self.splits if kept else []):
+            arrays = models[f"cfl-tree-{j}"]
+            self.tree.append(Split(entry["cluster"], entry["new_cluster"], list(arrays[:-2]),
+                                   (arrays[-2], arrays[-1])))  # fmt: skip
         self.models = [[] for _ in range(1 + len(self.splits))]  # filled by ClusterModels.load_state
         super().load_state(models, values)

@@ -138,7 +138,7 @@ def registry() -> dict[str, Method]:
         Method("cfl", "clusters split recursively by the cosine similarity of the clients' updates (K not given)",
                "clients.cfl_client:CflClient", "strategies.cfl:CflStrategy", competitor=True),
         Method("pfedhn", "a server-side hypernetwork generates each client's model from its learned embedding",
-               FEDAVG_CLIENT, "strategies.pfedhn:PFedHNStrategy", competitor=True),
+               "clients.pfedhn_client:PFedHNClient", "strategies.pfedhn:PFedHNStrategy", competitor=True),
         # The paper's own protocol, centrally pooled (a reference, not a federated method): fedcond.pooled.
         *(Method(name, spec.summary, None, None, "pooled", spec.conditioned) for name, spec in POOLED_METHODS.items()),
     )  # fmt: skip

@@ -52,6 +52,10 @@ class CheckpointingServer(Server):
         self.checkpoint_bytes = 0
         self.checkpoint_seconds: list[float] = []
 
+    def set_max_workers(self, max_workers: int | None) -> None:
+        super().set_max_workers(max_workers)
+        self.fedcond_strategy.max_workers = max_workers  # for messages a strategy sends itself
+
     def fit_round(self, server_round: int, timeout: float | None) -> Any:
         number = server_round + self.rounds_before
         if self.fedcond_strategy.secure.model_updates:

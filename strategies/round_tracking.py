@@ -116,6 +116,10 @@ class RoundTracker:
     def sent(self, num_bytes: int) -> None:
         self.bytes_down += num_bytes
 
+    def received_bytes(self, num_bytes: int) -> None:
+        """Bytes of replies that are not a round's fit or evaluate replies (a newcomer's exchanges)."""
+        self.bytes_up += num_bytes
+
     def peer_exchange(self, num_bytes: int) -> None:
         """Bytes one client sends another directly: up for the sender, down for the receiver."""
         self.bytes_up += num_bytes

@@ -1,6 +1,6 @@
 """CFL (strategies.cfl): a cluster splits when its mean update is small and some client's is not, into
 the halves whose update directions differ most; never before its warm-up, never into halves too small;
-a newcomer takes the lowest-loss cluster model; bad thresholds are refused in one line."""
+a newcomer walks the parameter tree; bad thresholds are refused in one line."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import pytest
 
 from fedcond.aggregation import vector_cosine_similarities
 from fedcond.errors import FedcondError
+from fedcond.messages import PARAMETER_TREE
+from fedcond.parameter_tree import MOVED, STAYED, Split, header, pack, unpack, walk
+from fedcond.participation import EVALUATE
 from strategies.cfl import bipartition
-from tests.test_method_rules import constant_model, reply, strategy_for
+from tests.test_method_rules import constant_model, decoded, reply, strategy_for
 
 # Splits may happen from round 2, whenever the mean update is under 1 and the largest over 2.
 EAGER = {"options": (("cfl-warmup-rounds", 1), ("cfl-eps1", 1.0), ("cfl-eps2", 2.0), ("cfl-min-cluster-size", 1))}
@@ -71,13 +74,57 @@ def test_a_cluster_does_not_split_when_a_test_fails(sizes, settings, why):
     assert len(strategy.models) == 1, why
 
 
-def test_a_newcomer_receives_every_cluster_model_and_a_participant_its_own():
+def test_a_newcomer_receives_the_parameter_tree_and_a_participant_its_own_model():
     strategy = strategy_for("cfl", held_out_clients=1, **EAGER)
+    before = [array.copy() for array in strategy.models[0]]
     strategy.combine(2, opposite_updates(strategy, dict.fromkeys(range(4), 3.0)))
     per_model = len(constant_model(strategy, 0.0))
-    assert len(strategy.evaluate_parameters(4, None).tensors) == 2 * per_model  # held-out partitions 4, 5
+    arrays = decoded(strategy.evaluate_parameters(4, None))  # held-out partitions 4, 5
+    config = strategy.instruction_config(EVALUATE, 4, {})
+    leaves, (split,) = unpack(arrays, config[PARAMETER_TREE], per_model)
+    assert len(leaves) == 2 and (split.cluster, split.new_cluster) == (0, 1)
+    for kept, trained_from in zip(split.model, before, strict=True):  # the model the split clients trained
+        np.testing.assert_array_equal(kept, trained_from)
+    moved = strategy.assignment[2]  # partitions 2, 3 stepped by -3 along entry 0, partitions 0, 1 by +3
+    assert split.directions[moved][0] == pytest.approx(-1.0) and split.directions[1 - moved][0] == pytest.approx(1.0)
+    assert PARAMETER_TREE not in strategy.instruction_config(EVALUATE, 0, {})
     assert len(strategy.evaluate_parameters(0, None).tensors) == per_model
     assert len(strategy.fit_parameters(2, None).tensors) == per_model
+
+
+def test_a_newcomer_walks_down_the_tree_along_the_sides_its_updates_agree_with():
+    """Cluster 0 split into 0 and 1, then cluster 1 into 1 and 2: an update along cluster 2's clients'
+    at each split's model reaches cluster 2 after two trainings; a split of a cluster it left is skipped."""
+    e = np.eye(3, dtype=np.float32)
+    model = [np.zeros(3, np.float32)]
+    splits = [Split(0, 1, model, (e[0], e[1])), Split(0, 3, model, (e[0], e[2])), Split(1, 2, model, (e[1], e[2]))]
+    trained = []
+
+    def update_at(at):
+        trained.append(at)
+        return np.array([0.1, 0.5, 0.6]) if len(trained) == 2 else np.array([0.2, 0.9, 0.0])
+
+    assert walk(splits, update_at) == (2, [MOVED, MOVED])
+    assert len(trained) == 2  # split 1 (of cluster 0, after the newcomer left it) was not visited
+    assert walk(splits, lambda at: np.array([1.0, 0.0, 0.0])) == (0, [STAYED, STAYED])
+    arrays = pack([model, model, model, model], splits)
+    leaves, back = unpack(arrays, header(4, splits), per_model=1)
+    assert len(leaves) == 4 and [(s.cluster, s.new_cluster) for s in back] == [(0, 1), (0, 3), (1, 2)]
+    with pytest.raises(FedcondError, match="holds 13 arrays where its tree needs 10"):
+        unpack(arrays, header(1, splits), per_model=1)
+
+
+def test_a_resumed_run_gets_its_tree_back_and_a_checkpoint_without_one_is_refused():
+    strategy = strategy_for("cfl", held_out_clients=1, **EAGER)
+    strategy.combine(2, opposite_updates(strategy, dict.fromkeys(range(4), 3.0)))
+    models, values = strategy.state()
+    resumed = strategy_for("cfl", held_out_clients=1, **EAGER)
+    resumed.load_state(models, values)
+    np.testing.assert_array_equal(resumed.tree[0].directions[1], strategy.tree[0].directions[1])
+    assert resumed.tree[0].new_cluster == 1 and len(resumed.models) == 2
+    del models["cfl-tree-0"]
+    with pytest.raises(FedcondError, match=r"delete the run's checkpoint\.pt"):
+        strategy_for("cfl", held_out_clients=1, **EAGER).load_state(models, values)
 
 
 def test_a_threshold_that_could_never_split_is_refused_in_one_line():

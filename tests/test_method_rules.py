@@ -139,7 +139,8 @@ NEWCOMER_RULES = {
     "dac": "the average of the dac-neighbours models with the lowest loss on its training data",
     # Tested in tests/test_descriptor_clustering.py (it is Oracle when its clusters are the true ones).
     "descriptor-clustering": "the model of the cluster whose centroid is nearest its descriptor",
-    "cfl": "the cluster model with the lowest loss on its training data (as IFCA's)",
+    # Tested in tests/test_cfl.py and below.
+    "cfl": "the cluster its own updates lead it to down the parameter tree of the splits",
     # Tested in tests/test_pfedhn.py.
     "pfedhn": "the model the hypernetwork generates from the mean of the training clients' embeddings",
 }
@@ -238,14 +239,34 @@ def newcomer_of(method: str, **settings):
     return client_of(method, 4, held_out_clients=1, **settings)
 
 
-@pytest.mark.parametrize("method", ["ifca", "cfl"])
-def test_an_ifca_or_cfl_newcomer_is_served_the_cluster_model_that_fits_its_training_data(method):
-    newcomer = newcomer_of(method)
+def test_an_ifca_newcomer_is_served_the_cluster_model_that_fits_its_training_data():
+    newcomer = newcomer_of("ifca")
     wrong, right = always_class(newcomer, 9), always_class(newcomer, 0)
     accuracies = [newcomer.evaluate([*pair[0], *pair[1]], {SERVER_ROUND: 1})[2]["accuracy"]
                   for pair in ((wrong, right), (right, wrong))]  # fmt: skip
     assert accuracies[0] == accuracies[1] > 0  # whichever position, the model that says 0 (of classes 0-4)
     assert newcomer.evaluate([*wrong, *wrong], {SERVER_ROUND: 1})[2]["accuracy"] == 0.0
+
+
+def test_a_cfl_newcomer_trains_at_the_split_and_follows_the_side_its_update_agrees_with():
+    """One split of cluster 0 (its model says 9) into 0 (says 9) and 1 (says 0). The newcomer holds
+    classes 0-4: training the split's model raises the output biases of 0-4, so it follows the side
+    whose clients' updates did that, and is served that side's model, wherever that side is."""
+    from fedcond.messages import PARAMETER_TREE
+    from fedcond.parameter_tree import Split, header, pack
+
+    newcomer = newcomer_of("cfl")
+    wrong, right = always_class(newcomer, 9), always_class(newcomer, 0)
+    size = sum(array.size for array in wrong)
+    low, high = np.zeros(size, np.float32), np.zeros(size, np.float32)
+    low[size - 10 : size - 5], high[size - 5 :] = 1.0, 1.0  # the output biases of classes 0-4 and 5-9
+    for directions, leaves in (((high, low), [wrong, right]), ((low, high), [right, wrong])):
+        splits = [Split(0, 1, wrong, directions)]
+        config = {SERVER_ROUND: 1, PARAMETER_TREE: header(2, splits)}
+        assert newcomer.evaluate(pack(leaves, splits), config)[2]["accuracy"] > 0
+    splits = [Split(0, 1, wrong, (high, low))]
+    config = {SERVER_ROUND: 1, PARAMETER_TREE: header(2, splits)}
+    assert newcomer.evaluate(pack([right, wrong], splits), config)[2]["accuracy"] == 0.0
 
 
 def test_a_dac_newcomer_averages_the_peer_models_with_the_lowest_loss_on_its_data():

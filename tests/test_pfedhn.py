@@ -1,6 +1,7 @@
 """pFedHN (fedcond.hypernetwork, strategies.pfedhn): each client is served the model its embedding
 generates, the server's step moves that model towards what the client returned, a newcomer gets the
-mean embedding's model, and the hypernetwork survives a checkpoint."""
+mean embedding's model and learns an embedding of its own with the hypernetwork frozen, and the
+hypernetwork survives a checkpoint."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.common import parameters_to_ndarrays
 
-from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer
+from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
 from tests.test_method_rules import reply, strategy_for
 
 
@@ -52,6 +53,43 @@ def test_the_strategy_serves_participants_their_model_and_a_newcomer_the_mean_em
     assert distance(newcomer, net.weights_for(None)) == 0 and distance(newcomer, net.weights_for(0)) > 0
 
 
+def test_a_newcomers_step_moves_its_own_embeddings_model_towards_what_it_returned_and_nothing_else():
+    import torch
+
+    net = HyperNetwork(template(), num_clients=3, embedding_dim=2, hidden=8)
+    with torch.no_grad():  # heads as a trained hypernetwork's, whose models depend on the embedding
+        for head in net.heads:
+            head.weight.mul_(100.0)
+    frozen = [p.detach().clone() for p in net.parameters()]
+    newcomer = NewcomerEmbedding(net, learning_rate=0.1)
+    start = newcomer.weights()
+    assert distance(start, net.weights_for(None)) == 0  # it starts at the mean embedding
+    target = [array + 0.5 if array.dtype.kind == "f" else array for array in start]
+    for _ in range(3):
+        newcomer.step(newcomer.weights(), target)
+    assert distance(newcomer.weights(), target) < distance(start, target)
+    assert all(torch.equal(p, before) for p, before in zip(net.parameters(), frozen, strict=True))
+    assert all(p.grad is None or not p.grad.any() for p in net.parameters())
+
+
+def test_a_newcomer_client_takes_one_step_per_exchange_and_scores_both_models():
+    from fedcond.messages import ADAPTED_ACCURACY, NEWCOMER_STEP, SERVER_ROUND, STEP, STEP_NEWCOMER_EMBEDDING
+    from fedcond.messages import WITH_ADAPTED_MODEL
+    from tests.test_method_rules import always_class, newcomer_of
+
+    newcomer = newcomer_of("pfedhn", options=(("newcomer-steps", 2),))  # cluster 0's newcomer: classes 0-4
+    wrong, right = always_class(newcomer, 9), always_class(newcomer, 0)
+    step = {SERVER_ROUND: 1, STEP: STEP_NEWCOMER_EMBEDDING, NEWCOMER_STEP: 1}
+    returned, examples, _ = newcomer.fit(wrong, step)
+    assert examples == newcomer.train_settings.batch_size  # one batch: one SGD step
+    assert returned[-1][9] < 50.0 and distance(returned[:-1], wrong[:-1]) == 0  # only the output bias moved
+    loss, _, metrics = newcomer.evaluate([*wrong, *right], {SERVER_ROUND: 1, WITH_ADAPTED_MODEL: True})
+    assert metrics["accuracy"] == 0.0 and metrics[ADAPTED_ACCURACY] > 0  # zero-shot: says 9; learned: 0
+    assert ADAPTED_ACCURACY not in newcomer.evaluate(wrong, {SERVER_ROUND: 1})[2]
+    trainee = __import__("tests.test_method_rules", fromlist=["client_of"]).client_of("pfedhn", 0)
+    assert "newcomer's embedding step" in trainee.fit(wrong, step)[2]["fedcond-error"]
+
+
 def test_the_hypernetwork_and_its_momentum_survive_a_checkpoint():
     first, second = strategy_for("pfedhn"), strategy_for("pfedhn")
     served = parameters_to_ndarrays(first.fit_parameters(2, None))
@@ -72,3 +110,26 @@ def test_an_embedding_of_size_0_is_refused_in_one_line():
     with pytest.raises(FedcondError, match="pfedhn-embedding-dim must be at least 1") as error:
         run_config({"method": "pfedhn", "pfedhn-embedding-dim": 0})
     assert "\n" not in str(error.value)
+
+
+def test_on_digits_its_newcomers_learned_embeddings_serve_them_better_than_the_mean_embedding(tmp_path):
+    """Digits E1 K=2 x 3 clients and a newcomer each, 6 rounds (the first rounds' hypernetwork hardly
+    depends on the embedding), 10 embedding steps a round: the newcomers' own embeddings' models beat
+    the mean embedding's, and every exchange is counted (a model each way per step and newcomer)."""
+    import csv
+
+    from fedcond.tools.flwr_commands import default_config
+    from strategies.registry import run_config
+    from tests.in_process import run_in_process
+
+    config = run_config({
+        **default_config(), "method": "pfedhn", "num-clusters": 2, "clients-per-cluster": 3, "held-out-clients": 1,
+        "num-server-rounds": 6, "newcomer-steps": 10, "results-dir": str(tmp_path), "verbose": False,
+    })  # fmt: skip
+    recorder, messages = run_in_process(config)
+    with (recorder.folder / "history.csv").open() as handle:
+        last = list(csv.DictReader(handle))[-1]
+    zero_shot, learned = float(last["heldout_accuracy"]), float(last["heldout_adapted_accuracy"])
+    assert learned > zero_shot + 0.05, (zero_shot, learned)
+    model_bytes = int(last["bytes_up"]) // (6 + 10 * 2)  # 6 fit replies, 10 steps of 2 newcomers
+    assert int(last["bytes_up"]) == 26 * model_bytes and messages["fit"] == 6 * (6 + 20)
