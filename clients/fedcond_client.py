@@ -27,18 +27,23 @@ from fedcond.errors import FedcondError
 from fedcond.messages import (
     ACCURACY,
     ADAPTED_ACCURACY,
+    CLASS_CORRECT,
+    CLASS_COUNT,
     EPSILON,
     ERROR,
     EVALUATE_FIRST,
     EVALUATED_ACCURACY,
     EVALUATED_EXAMPLES,
     EVALUATED_LOSS,
+    INT64,
     PARTITION_ID,
     SERVER_ROUND,
     STEP,
     STEP_IDENTITY,
     TRAIN_LOSS,
+    array_to_bytes,
 )
+from fedcond.metrics import PER_CLASS_ACCURACY
 from fedcond.model_store import CLIENT_STATE_DIR, ClientModelFiles
 from fedcond.models import Network, build_run_model, get_weights, set_weights
 from fedcond.newcomers import NEWCOMER_STEPS, step_indices
@@ -178,7 +183,17 @@ class FedcondClient(NumPyClient):
         """``model`` on this client's test set, reported as Flower's evaluate expects."""
         condition = self.condition(round_config)
         result = self.evaluate_on(model, self.data.test_x, self.data.test_y, condition)
-        return result.loss, result.num_samples, {ACCURACY: result.accuracy}
+        metrics: dict[str, object] = {ACCURACY: result.accuracy}
+        if self.scores_every_class(round_config) and result.class_correct is not None:
+            counts = np.bincount(self.data.test_y, minlength=len(result.class_correct))
+            metrics |= {CLASS_CORRECT: array_to_bytes(result.class_correct, INT64),
+                        CLASS_COUNT: array_to_bytes(counts, INT64)}  # fmt: skip
+        return result.loss, result.num_samples, metrics
+
+    def scores_every_class(self, round_config: dict[str, object]) -> bool:
+        """With ``per-class-accuracy``, in the final round: the reply also counts each class."""
+        final = int(round_config.get(SERVER_ROUND, 0)) == self.run_config.num_server_rounds  # type: ignore[arg-type]
+        return final and bool(PER_CLASS_ACCURACY.of(self.run_config))
 
     def evaluate_on(
         self, model: Network, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None

@@ -189,7 +189,7 @@ RUN_LOCK = ".fedcond-run.lock"
 # What run.json says of how a run ended; a resumed run is running again until it says anew.
 OUTCOME_KEYS = (
     "status", "error", "finished", "rounds_completed", "final_accuracy", "final_heldout_accuracy", "final_rmse",
-    "final_heldout_rmse", "final_loss",
+    "final_heldout_rmse", "final_loss", "final_class_accuracy",
     "total_seconds",
 )  # fmt: skip
 
@@ -308,6 +308,11 @@ class RunRecorder:
         )
         self._write_info()
         self.close()
+
+    def note(self, key: str, value: Any) -> None:
+        """Set ``run.json``'s ``key`` to ``value`` now (a result that is not a round's row)."""
+        self._info[key] = value
+        self._write_info()
 
     def add_events(self, key: str, entries: list[dict[str, Any]]) -> None:
         """Append ``entries`` to ``run.json``'s list ``key`` (``failures``, ``membership``) at once, so

@@ -46,6 +46,11 @@ EVALUATED_EXAMPLES = "evaluated-examples"
 #: In a held-out client's evaluate reply (newcomer-steps > 0): the accuracy of the model it was served
 #: after that many local steps on its own training data (fedcond.newcomers).
 ADAPTED_ACCURACY = "adapted-accuracy"
+#: In a final round's evaluate reply with per-class-accuracy: the client's correct predictions and
+#: test samples per class (int64 arrays as bytes; fedcond.metrics.class_accuracy).
+CLASS_CORRECT = "class-correct"
+CLASS_COUNT = "class-count"
+INT64 = "<i8"
 #: In a CFL newcomer's evaluate message: the shape of the parameter tree its arrays hold
 #: (fedcond.parameter_tree.header).
 PARAMETER_TREE = "parameter-tree"

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from fedcond.config import Option
+
 #: Scores where lower is better (a regression task's RMSE): the worst client is the highest.
 LOWER_IS_BETTER = frozenset({"rmse"})
+
+PER_CLASS_ACCURACY = Option(
+    "per-class-accuracy", False,
+    "also score every class in the final round (run.json: final_class_accuracy); each client's evaluate reply "
+    "then carries its test set's count and correct count per class, so its test label histogram reaches the server",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -70,3 +78,21 @@ class Spread:
             f"{prefix}p10_accuracy": self.p10,
             f"{prefix}accuracy_std": self.std,
         }
+
+
+def class_accuracy(
+    counts: Iterable[tuple[np.ndarray, np.ndarray]], class_names: Sequence[str]
+) -> dict[str, dict[str, float | int | None]]:
+    """Per class, over the clients' (correct, count) arrays: the accuracy on all their test samples of
+    that class (None where none holds one) and the number of samples."""
+    correct = total = None
+    for hits, count in counts:
+        correct = hits if correct is None else correct + hits
+        total = count if total is None else total + count
+    if correct is None or total is None:
+        return {}
+    names = list(class_names) if len(class_names) == len(total) else [str(index) for index in range(len(total))]
+    return {
+        name: {"accuracy": float(c / n) if n else None, "samples": int(n)}
+        for name, c, n in zip(names, correct, total, strict=True)
+    }

@@ -90,6 +90,9 @@ class Scenario:
     clients: tuple[ClientPartition, ...]
     data_fraction: float = 1.0
     held_out_per_cluster: int = 0
+    #: The dataset's class names by label (a per-class report's rows; under a label permutation a
+    #: label's name is what it means to the dataset, not to every cluster).
+    class_names: tuple[str, ...] = ()
 
     @property
     def num_clusters(self) -> int:
@@ -571,7 +574,11 @@ def scenario_kind(name: str) -> ScenarioKind:
 def build_scenario(config: RunConfig, load: Loader | None = None) -> Scenario:
     """Split the data as ``config.scenario`` says, checking every client gets enough of it."""
     data_dir = config.resolved_data_dir()
-    scenario = scenario_kind(config.scenario).build(load or (lambda name: load_dataset(name, data_dir)), config)
+    load = load or (lambda name: load_dataset(name, data_dir))
+    scenario = scenario_kind(config.scenario).build(load, config)
+    names = load(config.dataset).class_names
+    if len(names) == scenario.num_classes:
+        scenario = dataclasses.replace(scenario, class_names=tuple(names))
     for client in scenario.clients:
         too_few_train = len(client.train_indices) < MIN_TRAIN_SAMPLES_PER_CLIENT
         if too_few_train or len(client.test_indices) < MIN_TEST_SAMPLES_PER_CLIENT:
@@ -587,6 +594,7 @@ def validate_without_data(config: RunConfig) -> None:
     """Every check that needs no data files: cheap enough for any entry point to run first."""
     from fedcond.conditioning import check_conditioning_for
     from fedcond.encoder import check_encoder
+    from fedcond.metrics import PER_CLASS_ACCURACY
 
     spec = dataset_spec(config.dataset)
     kind = scenario_kind(config.scenario)
@@ -606,6 +614,10 @@ def validate_without_data(config: RunConfig) -> None:
         )
     held = DOMAIN_SOURCES if config.scenario == "domain" else (config.dataset,)
     check_encoder(config.fingerprint_encoder, held)
+    if spec.regression and PER_CLASS_ACCURACY.of(config):
+        raise FedcondError(
+            f"per-class-accuracy scores classes, and {config.dataset} is a regression task (RMSE); leave it off"
+        )
 
 
 # The settings that decide which samples each client holds: they key ``scenario_for``'s cache, and a

@@ -88,6 +88,8 @@ class EvalResult:
     #: The task's score: accuracy, or a regression task's RMSE (``DatasetSpec.metric``).
     accuracy: float
     num_samples: int
+    #: Correct predictions per class (classification; ``fedcond.metrics.PER_CLASS_ACCURACY``).
+    class_correct: np.ndarray | None = None
 
 
 #: glibc's mmap threshold and trim threshold while training: what glibc sets on its own once a
@@ -400,14 +402,17 @@ def evaluate(
     model.to(device).eval()
     set_layout(model, channels_last)
     cond = _condition_tensor(condition, device)
-    total_loss, correct = 0.0, 0
+    total_loss, correct, class_correct = 0.0, 0, None
     for start in range(0, len(images), EVAL_BATCH):
         x = laid_out(_tensor(images[start : start + EVAL_BATCH], device), channels_last)
         y = _tensor(labels[start : start + EVAL_BATCH], device)
         logits = model(x, cond)
         total_loss += task_loss(logits, y, regression, reduction="sum").item()
         if not regression:
-            correct += int((logits.argmax(dim=1) == y).sum().item())
+            right = logits.argmax(dim=1) == y
+            correct += int(right.sum().item())
+            hits = torch.bincount(y[right], minlength=logits.shape[1]).cpu().numpy()
+            class_correct = hits if class_correct is None else class_correct + hits
     count = len(images)
     mean_loss = total_loss / count
-    return EvalResult(mean_loss, math.sqrt(mean_loss) if regression else correct / count, count)
+    return EvalResult(mean_loss, math.sqrt(mean_loss) if regression else correct / count, count, class_correct)

@@ -35,13 +35,18 @@ from fedcond.errors import FedcondError
 from fedcond.history import RoundRecord, RunRecorder, dataset_metric
 from fedcond.messages import (
     ACCURACY,
+    CLASS_CORRECT,
+    CLASS_COUNT,
     ERROR,
     EVALUATE_FIRST,
     EVALUATED_ACCURACY,
     EVALUATED_EXAMPLES,
     EVALUATED_LOSS,
+    INT64,
     SERVER_ROUND,
+    array_from_bytes,
 )
+from fedcond.metrics import class_accuracy
 from fedcond.models import build_run_model, get_weights
 from fedcond.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundParticipation
 from fedcond.privacy import SampleLevelPrivacy
@@ -509,9 +514,30 @@ class FedcondStrategy(Strategy):
         held_out = [pair for pair in answered if pair[0] >= training]
         participating = [pair for pair in answered if pair[0] < training]
         self.closed_round = server_round
+        self.record_class_accuracy(participating, held_out)
         return self.tracker.finish_round(
             server_round, participating, held_out, self.participation.counts(), self.defers_evaluation(server_round)
         )
+
+    def record_class_accuracy(
+        self, participating: list[tuple[int, EvaluateRes]], held_out: list[tuple[int, EvaluateRes]]
+    ) -> None:
+        """With ``per-class-accuracy``, the final round's accuracy per class over the participants' and
+        over the newcomers' test sets, into ``run.json`` (``final_class_accuracy``)."""
+        if self.inputs.recorder is None:
+            return
+        names = self.inputs.scenario.class_names if self.inputs.scenario is not None else ()
+        record = {
+            group: class_accuracy(
+                ((array_from_bytes(res.metrics[CLASS_CORRECT], CLASS_CORRECT, INT64),
+                  array_from_bytes(res.metrics[CLASS_COUNT], CLASS_COUNT, INT64))
+                 for _, res in replies if CLASS_COUNT in res.metrics),
+                names,
+            )
+            for group, replies in (("participants", participating), ("newcomers", held_out))
+        }  # fmt: skip
+        if any(record.values()):
+            self.inputs.recorder.note("final_class_accuracy", record)
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """No server-side evaluation: every client evaluates on its own test set."""

@@ -19,6 +19,7 @@ from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import RESUME
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
+from fedcond.metrics import PER_CLASS_ACCURACY
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.pooled import POOLED_METHODS
 
@@ -171,6 +172,7 @@ CLIENT_SHARED = (
     SharedOptions("privacy", EVERY_METHOD, privacy.OPTIONS),
     SharedOptions("secure-aggregation", EVERY_METHOD, secagg_settings.OPTIONS),
     SharedOptions("newcomers", EVERY_METHOD, (NEWCOMER_STEPS,)),
+    SharedOptions("evaluation", EVERY_METHOD, (PER_CLASS_ACCURACY,)),
 )
 CLIENT_SHARED_OPTIONS = tuple(option for group in CLIENT_SHARED for option in group.options)
 

@@ -463,3 +463,37 @@ def test_a_folder_another_live_invocation_holds_is_refused_and_a_dead_ones_is_ta
     runner = FakeRunner()
     run_experiment(small_experiment(), default_config(), tmp_path, runner, io.StringIO())
     assert len(runner.calls) == 4
+
+
+class ClassScoringRunner(FakeRunner):
+    """A FakeRunner whose runs also record final per-class accuracies (per-class-accuracy), known
+    functions of the method and seed: class "a" at 0.5 + seed/10, class "b" at 0.9 (conditional only)."""
+
+    def __call__(self, config: RunConfig) -> None:
+        super().__call__(config)
+        folder = Path(config.results_dir) / config.run_name
+        info = json.loads((folder / "run.json").read_text())
+        classes = {"a": {"accuracy": 0.5 + config.seed / 10, "samples": 10}}
+        if config.method == "conditional":
+            classes["b"] = {"accuracy": 0.9, "samples": 5}
+        info["final_class_accuracy"] = {"participants": classes, "newcomers": {}}
+        (folder / "run.json").write_text(json.dumps(info))
+
+
+def test_a_per_class_table_reads_each_runs_final_class_accuracies_and_leaves_the_other_tables_alone(tmp_path):
+    from fedcond.tools.report import class_table
+
+    experiment = small_experiment()
+    run_experiment(experiment, default_config(), tmp_path, ClassScoringRunner(), io.StringIO())
+    with write_metrics(experiment, tmp_path).open() as handle:
+        rows = list(csv.DictReader(handle))
+    finals = [row for row in rows if row["round"] == "3"]
+    assert all(row["class:a"] != "" for row in finals) and all(
+        row["class:a"] == "" for row in rows if row["round"] != "3"
+    )
+    table = class_table(rows, TableSpec(classes=("a", "b", "c")))
+    assert table.splitlines()[0] == "| class | fedavg | conditional |"
+    assert table.splitlines()[2].startswith("| a | 0.550") and table.splitlines()[2].count("0.550") == 2  # seeds 0, 1
+    assert table.splitlines()[3] == "| b | — | 0.900 ± 0.000 |" and table.splitlines()[4] == "| c | — | — |"
+    # The per-class cells do not split a run in two: the ordinary table still has one final row per seed.
+    assert "| fedavg | 0.325 ± 0.064 |" in paper_table(rows, TableSpec(rows="method"))  # 0.32 + 0.01 x seed, seeds 0, 1

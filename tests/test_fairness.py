@@ -52,3 +52,36 @@ def test_the_summary_shows_the_worst_client_where_runs_measured_it():
     table = summary_table([summary("fedavg", 0.41), summary("ditto", 0.77)])
     assert "| worst client |" in table and "| 0.410 |" in table and "worst held-out" not in table
     assert "worst client" not in summary_table([summary("fedavg", math.nan)])  # older runs: no column
+
+
+@pytest.mark.parametrize("evaluate_in_fit", [False, True])
+def test_per_class_accuracy_scores_every_class_of_the_final_round_and_nothing_is_sent_without_it(
+    tmp_path, evaluate_in_fit
+):
+    """Digits E1 K=2 x 2 and a newcomer each: the classes' accuracies, weighted by their samples, are
+    the final round's accuracy (participants and newcomers alike), every test sample is counted once,
+    and the class names are the dataset's; off (the default), run.json has none."""
+    import json
+
+    from fedcond.scenarios import scenario_for
+
+    config = config_for(
+        "fedavg", tmp_path / "on", evaluate_in_fit, **{"held-out-clients": 1, "per-class-accuracy": True}
+    )
+    recorder, _ = run_in_process(config)
+    info = json.loads((recorder.folder / "run.json").read_text())
+    with (recorder.folder / "history.csv").open() as handle:
+        last = list(csv.DictReader(handle))[-1]
+    tests = [len(client.test_indices) for client in scenario_for(config).clients]  # 4 participants, 2 newcomers
+    for group, accuracy, tested in (
+        ("participants", "accuracy", tests[:4]),
+        ("newcomers", "heldout_accuracy", tests[4:]),
+    ):
+        classes = info["final_class_accuracy"][group]
+        assert list(classes) == [str(digit) for digit in range(10)]
+        samples = sum(cell["samples"] for cell in classes.values())
+        assert samples == sum(tested)
+        weighted = sum(cell["accuracy"] * cell["samples"] for cell in classes.values() if cell["samples"]) / samples
+        assert weighted == pytest.approx(float(last[accuracy]))
+    recorder, _ = run_in_process(config_for("fedavg", tmp_path / "off", evaluate_in_fit, **{"held-out-clients": 1}))
+    assert "final_class_accuracy" not in json.loads((recorder.folder / "run.json").read_text())

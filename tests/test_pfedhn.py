@@ -73,8 +73,14 @@ def test_a_newcomers_step_moves_its_own_embeddings_model_towards_what_it_returne
 
 
 def test_a_newcomer_client_takes_one_step_per_exchange_and_scores_both_models():
-    from fedcond.messages import ADAPTED_ACCURACY, NEWCOMER_STEP, SERVER_ROUND, STEP, STEP_NEWCOMER_EMBEDDING
-    from fedcond.messages import WITH_ADAPTED_MODEL
+    from fedcond.messages import (
+        ADAPTED_ACCURACY,
+        NEWCOMER_STEP,
+        SERVER_ROUND,
+        STEP,
+        STEP_NEWCOMER_EMBEDDING,
+        WITH_ADAPTED_MODEL,
+    )
     from tests.test_method_rules import always_class, newcomer_of
 
     newcomer = newcomer_of("pfedhn", options=(("newcomer-steps", 2),))  # cluster 0's newcomer: classes 0-4
@@ -83,7 +89,7 @@ def test_a_newcomer_client_takes_one_step_per_exchange_and_scores_both_models():
     returned, examples, _ = newcomer.fit(wrong, step)
     assert examples == newcomer.train_settings.batch_size  # one batch: one SGD step
     assert returned[-1][9] < 50.0 and distance(returned[:-1], wrong[:-1]) == 0  # only the output bias moved
-    loss, _, metrics = newcomer.evaluate([*wrong, *right], {SERVER_ROUND: 1, WITH_ADAPTED_MODEL: True})
+    _, _, metrics = newcomer.evaluate([*wrong, *right], {SERVER_ROUND: 1, WITH_ADAPTED_MODEL: True})
     assert metrics["accuracy"] == 0.0 and metrics[ADAPTED_ACCURACY] > 0  # zero-shot: says 9; learned: 0
     assert ADAPTED_ACCURACY not in newcomer.evaluate(wrong, {SERVER_ROUND: 1})[2]
     trainee = __import__("tests.test_method_rules", fromlist=["client_of"]).client_of("pfedhn", 0)

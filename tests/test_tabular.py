@@ -158,10 +158,14 @@ def test_a_regression_client_trains_to_the_noise_and_scores_its_rmse():
     assert after.accuracy == pytest.approx(after.loss**0.5)
 
 
-def test_regression_refuses_per_class_fingerprints_and_non_finite_targets():
+def test_regression_refuses_per_class_fingerprints_and_scores_and_non_finite_targets():
     with pytest.raises(FedcondError, match="fingerprint class-mean summarises each class, and synthetic-linear"):
         validate_without_data(RunConfig.from_mapping({**LINEAR, "fingerprint": "class-mean"}))
     validate_without_data(RunConfig.from_mapping({**LINEAR, "fingerprint": "eigenvector", "fingerprint-dim": 11}))
+    from strategies.registry import run_config
+
+    with pytest.raises(FedcondError, match="per-class-accuracy scores classes, and synthetic-linear is a regression"):
+        validate_without_data(run_config({**LINEAR, "per-class-accuracy": True}))
     config = RunConfig.from_mapping({**LINEAR, "clients-per-cluster": 100})
     data = load_client_data(config, 0)
     arrays = {"train_x": data.train_x, "train_y": data.train_y, "test_x": data.test_x, "test_y": data.test_y,

@@ -63,6 +63,13 @@ EXPERIMENT_FILE = "experiment.json"
 # Held by the compare or sweep working in the folder (``experiment_lock``).
 LOCK_FILE = ".fedcond.lock"
 METRICS_FILE = "metrics.csv"
+#: metrics.csv's per-class columns (a final round's row of a run with per-class-accuracy).
+CLASS_PREFIX = "class:"
+
+
+def class_column(name: str) -> str:
+    return CLASS_PREFIX + name
+
 
 Runner = Callable[[RunConfig], None]
 
@@ -75,6 +82,9 @@ class TableSpec:
     groups: str | None = None
     rows: str = "method"
     title: str = ""
+    #: A per-class table instead (runs with per-class-accuracy): these classes down, each value of
+    #: ``rows`` (with ``columns`` and ``groups``) across; cells the final accuracy on that class.
+    classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,12 +114,17 @@ class Experiment:
             "title": self.title,
             "settings": self.settings,
             "axes": self.axes,
-            "tables": [table.__dict__ for table in self.tables],
+            # A per-class table says so; the others are written as before classes existed.
+            "tables": [
+                {key: value for key, value in table.__dict__.items() if key != "classes" or value}
+                for table in self.tables
+            ],
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Experiment:
-        tables = [TableSpec(**{**table, "columns": tuple(table["columns"])}) for table in data.get("tables", [])]
+        tables = [TableSpec(**{**table, "columns": tuple(table["columns"]), "classes": tuple(table.get("classes", ()))})
+                  for table in data.get("tables", [])]  # fmt: skip
         return cls(dict(data["settings"]), dict(data["axes"]), tables, data.get("title", ""), data.get("kind", "sweep"))
 
     @property
@@ -202,6 +217,7 @@ def read_grid_file(path: Path, profile: str | None = None) -> Experiment:
                 groups=table.get("groups"),
                 rows=table.get("rows", "method"),
                 title=table.get("title", ""),
+                classes=tuple(str(name) for name in table.get("classes", ())),
             )
         )
     title = str(data.get("title", path.stem)) + (f" (profile {profile})" if profile else "")
@@ -534,8 +550,12 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
         folder = runs_dir / run.name
         if run_status(folder) != "finished":
             continue
-        config = json.loads((folder / "run.json").read_text())["config"]
-        for row in read_history(folder / "history.csv", dataset_metric(config["dataset"])):
+        info = json.loads((folder / "run.json").read_text())
+        config = info["config"]
+        history = read_history(folder / "history.csv", dataset_metric(config["dataset"]))
+        # The final round's row also carries each class's accuracy, where the run scored them.
+        classes = info.get("final_class_accuracy", {}).get("participants", {})
+        for number, row in enumerate(history, start=1):
             tidy: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
             tidy.update({key: config.get(key, VARIANT_DEFAULTS[key]) for key in VARIANT_COLUMNS})
             tidy.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
@@ -543,6 +563,8 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
             tidy.update({"method": run.labels.get("method", config["method"]), "seed": config["seed"]})
             tidy.update({column: row.get(column, "") for column in METRIC_COLUMNS})
             tidy.update({column: row[column] for column in OPTIONAL_METRIC_COLUMNS if column in row})
+            if number == len(history):
+                tidy.update({class_column(name): cell["accuracy"] for name, cell in classes.items()})
             yield tidy
 
 
@@ -554,6 +576,7 @@ def write_metrics(experiment: Experiment, out: Path) -> Path:
     settings = list(map(column_name, experiment.setting_axes))
     variants = [column for column in VARIANT_COLUMNS if column not in settings]  # a grid may sweep them
     columns = [*settings, *variants, *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
+    columns += list(dict.fromkeys(key for row in rows for key in row if key.startswith(CLASS_PREFIX)))
     # A regression task's rows name their score columns rmse (fedcond.history.column_on_disk).
     metrics = sorted({dataset_metric(str(row["dataset"])) for row in rows} - {SCORE})
     columns += [column_on_disk(column, metric) for metric in metrics for column in columns if SCORE in column]

@@ -23,6 +23,7 @@ from fedcond.history import dataset_metric, row_in_memory
 from fedcond.metrics import LOWER_IS_BETTER
 from fedcond.paper import PaperMatch, lookup, tables_in_order
 from fedcond.tools.experiment import (
+    CLASS_PREFIX,
     METRIC_COLUMNS,
     METRICS_FILE,
     OPTIONAL_METRIC_COLUMNS,
@@ -31,6 +32,7 @@ from fedcond.tools.experiment import (
     VARIANT_DEFAULTS,
     TableSpec,
     as_float,
+    class_column,
     column_name,
     format_duration,
     load_experiment,
@@ -503,7 +505,9 @@ def _final_rows(rows: Sequence[Row], keys: Sequence[str]) -> dict[tuple[str, ...
     last: dict[tuple[str, ...], Row] = {}
     for row in rows:
         # A run is identified by every non-metric column, so axes a table does not show stay apart.
-        run = tuple(value for column, value in row.items() if column not in METRIC_NAMES)
+        # (A final row's per-class cells are metrics too: the rounds before it leave them empty.)
+        run = tuple(value for column, value in row.items()
+                    if column not in METRIC_NAMES and not column.startswith(CLASS_PREFIX))  # fmt: skip
         if run not in last or int(row["round"]) > int(last[run]["round"]):
             last[run] = row
     for row in last.values():
@@ -619,6 +623,27 @@ def _paper_table(rows: Sequence[Row], spec: TableSpec) -> tuple[str, dict[str, P
     return "\n".join(lines), matches
 
 
+def class_table(rows: Sequence[Row], spec: TableSpec) -> str:
+    """Markdown of a per-class table: ``spec.classes`` down, each table cell of the spec's layout
+    across, each cell the mean over seeds of the participants' final accuracy on that class (the
+    appendix's Table IX); "—" where a run did not score classes (per-class-accuracy off) or no
+    client held one."""
+    data = TableData.of(rows, TableSpec(spec.columns, spec.groups, spec.rows))
+    slots = [(row, group, values) for row in data.rows for group in data.groups for values in data.columns]
+    slots = [slot for slot in slots if data.cell_rows(*slot)]
+    headers = [" ".join(part for part in (row, data.header(group, values) if spec.columns or spec.groups else "")
+                        if part) for row, group, values in slots]  # fmt: skip
+    lines = ["| class | " + " | ".join(headers) + " |", "|---|" + "---|" * len(slots)]
+    for name in spec.classes:
+        cells = []
+        for slot in slots:
+            values = [as_float(final.get(class_column(name), "")) for final in data.cell_rows(*slot)]
+            values = [value for value in values if math.isfinite(value)]
+            cells.append(format_accuracy(_mean(values), confidence_half_width(values)) if values else "—")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table_figure(rows: Sequence[Row], spec: TableSpec, path: Path, title: str) -> Path:
     """The table as a figure: final accuracy vs the column axis, one line per method, one panel per group."""
     plt = _figure()
@@ -655,6 +680,11 @@ def tables_markdown(rows: Sequence[Row], specs: Sequence[TableSpec], title: str,
             "several seeds); bold marks the best method of each column.",
         ]
     for number, spec in enumerate(specs, start=1):
+        if spec.classes:  # a per-class table: no figure, no paper column (its paper cells are not loaded)
+            table = class_table(rows, spec) if rows else "(no runs)"
+            parts += ["", f"## {spec.title or f'Table {number}'}", "", table, "",
+                      "Cells: the participants' final accuracy on each class, mean over seeds."]  # fmt: skip
+            continue
         figure = table_figure(rows, spec, out / f"table-{number}.png", spec.title or title) if rows else None
         table, matches = _paper_table(rows, spec) if rows else ("(no runs)", {})
         parts += ["", f"## {spec.title or f'Table {number}'}", "", table, *legend_markdown(paper_legend(rows, matches))]

@@ -31,6 +31,7 @@ TOPICS = {
     "privacy": "Differential privacy (privacy.md): sample-level DP-SGD and DP fingerprint, client-level DP",
     "secure-aggregation": "Secure aggregation (privacy.md): Flower's SecAgg+ for model updates; its protocol values",
     "newcomers": "Newcomers (newcomers.md): what held-out clients are served, and their adaptation",
+    "evaluation": "Evaluation beyond each client's accuracy (tabular.md: the per-character table)",
     "resume": "Resume (deployment.md)",
 }
 PYPROJECT = Path("pyproject.toml")
