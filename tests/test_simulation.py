@@ -323,3 +323,21 @@ def test_the_server_takes_its_nodes_as_soon_as_they_are_connected(tmp_path):
         stop.set()
     assert sorted(proxy.cid for proxy in proxies) == ["11", "12", "13", "14"]
     assert time.monotonic() - started < 1.0  # Flower's own refresh would come after 5 s
+
+
+@pytest.mark.slow
+def test_a_pfedhn_newcomer_failing_an_embedding_step_is_reported_and_the_run_goes_on(tmp_path):
+    """Partition 4 (cluster 0's newcomer) raises in its round-2 embedding exchange: the failure is
+    recorded under its stage, that round's adapted score is the other newcomer's, and the run ends."""
+    fault = Fault(4, 2, FIT, RAISE)
+    config = run_config({
+        "method": "pfedhn", "num-clusters": 2, "clients-per-cluster": 2, "held-out-clients": 1, "newcomer-steps": 2,
+        "num-server-rounds": 3, "local-epochs": 1, "results-dir": str(tmp_path / "r"), "verbose": False,
+    })  # fmt: skip
+    simulate(config, client_mods=[fault], quiet=True)
+    rows, info = read_history(tmp_path / "r")
+    assert info["status"] == "finished" and len(rows) == 3
+    assert info["failures"] == [
+        {"round": 2, "stage": "newcomer embedding", "partition-id": 4, "outcome": "failed", "reason": fault.reason}
+    ]
+    assert all(math.isfinite(float(row["heldout_adapted_accuracy"])) for row in rows)
