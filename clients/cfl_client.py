@@ -19,7 +19,8 @@ from fedcond.parameter_tree import unpack, walk
 class CflClient(FedcondClient):
     """FedAvg's client while training; a newcomer places itself by the parameter tree."""
 
-    released_beyond_training = "nothing: the server reads the direction of each trained model's update"
+    # Nothing beyond training: the server reads the direction of each trained model's update, and a
+    # newcomer's walk down the tree trains models it never sends.
 
     def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
         if PARAMETER_TREE not in round_config:

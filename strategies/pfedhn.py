@@ -36,11 +36,13 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.server import fit_clients
 
 from fedcond.aggregation import Model
-from fedcond.config import Option
+from fedcond.config import Option, RunConfig
+from fedcond.errors import FedcondError
 from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
 from fedcond.messages import NEWCOMER_STEP, STEP, STEP_NEWCOMER_EMBEDDING, WITH_ADAPTED_MODEL
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.participation import EVALUATE
+from fedcond.privacy import DP_NOISE_MULTIPLIER
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 from strategies.federation import message_timeout
 from strategies.membership import PartitionProxy
@@ -72,6 +74,14 @@ class PFedHNStrategy(FedcondStrategy):
     secure_aggregation_refusal = (
         "pFedHN's server steps its hypernetwork with each client's own update, through that client's embedding"
     )
+
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        if NEWCOMER_STEPS.of(config) and DP_NOISE_MULTIPLIER.of(config) and config.held_out_clients:
+            raise FedcondError(
+                "dp-noise-multiplier with pFedHN's newcomer-steps: a newcomer sends the server the update of each "
+                "embedding step, taken without DP-SGD; set newcomer-steps=0 or dp-noise-multiplier=0"
+            )
 
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs)

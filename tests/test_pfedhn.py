@@ -109,13 +109,19 @@ def test_the_hypernetwork_and_its_momentum_survive_a_checkpoint():
     assert distance(first.trainer.net.weights_for(2), second.trainer.net.weights_for(2)) == pytest.approx(0)
 
 
-def test_an_embedding_of_size_0_is_refused_in_one_line():
+def test_an_embedding_of_size_0_and_dp_sgd_with_newcomer_steps_are_refused_in_one_line():
     from fedcond.errors import FedcondError
+    from strategies.checks import check_run
     from strategies.registry import run_config
 
     with pytest.raises(FedcondError, match="pfedhn-embedding-dim must be at least 1") as error:
         run_config({"method": "pfedhn", "pfedhn-embedding-dim": 0})
     assert "\n" not in str(error.value)
+    private = {"held-out-clients": 1, "newcomer-steps": 3, "dp-noise-multiplier": 1.0}
+    with pytest.raises(FedcondError, match="a newcomer sends the server the update of each embedding step"):
+        check_run(run_config({"method": "pfedhn", **private}), load_data=False)
+    check_run(run_config({"method": "pfedhn", **private, "newcomer-steps": 0}), load_data=False)
+    check_run(run_config({"method": "cfl", **private}), load_data=False)  # CFL's newcomers send nothing
 
 
 def test_on_digits_its_newcomers_learned_embeddings_serve_them_better_than_the_mean_embedding(tmp_path):
