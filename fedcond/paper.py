@@ -334,3 +334,28 @@ def lookup(row: Mapping[str, object], cells: tuple[PaperCell, ...] | None = None
     if setting.experiment == APPENDIX_EXPERIMENT and setting.method in APPENDIX_MECHANISMS.values():
         notes.append("the appendix conditions on the first eigenvector: fingerprint-dim=1")
     return PaperMatch(value, tuple(tables), tuple((other, tuple(where)) for other, where in others), tuple(notes))
+
+
+#: Table IX (the appendix's EMNIST look-alike characters): its experiment id and its columns by our method.
+CHARACTER_EXPERIMENT, CHARACTER_TABLE = "MCDC-EMNIST", "IX"
+CHARACTER_COLUMNS = {"fedavg": "Global", "local": "Client", "oracle": "Cluster", "conditional": "Conditional"}
+
+
+@functools.lru_cache(maxsize=2)
+def character_cells(path: Path | None = None) -> dict[tuple[str, str], float]:
+    """Table IX: (character, column) -> the printed accuracy; the CSV's config is "group char (case)"
+    ("o/O/0 o (lower)"), the character the token before the parenthesis."""
+    with (path or paper_csv()).open(newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if row["table"] == CHARACTER_TABLE]
+    return {(row["config"].split(" (")[0].split()[-1], row["method"]): float(row["value"]) for row in rows}
+
+
+def character_value(row: Mapping[str, object], character: str) -> float | None:
+    """The paper's Table IX accuracy for ``character`` under the method of ``row`` (a tidy row of an
+    EMNIST run), or None where it prints none: another dataset, a method or variant it has no column for."""
+    method = str(row.get("method", ""))
+    if not str(row.get("dataset", "")).startswith("emnist") or method not in CHARACTER_COLUMNS:
+        return None
+    if method == "conditional" and str(row.get("fingerprint", "")) != APPENDIX_FINGERPRINT:
+        return None
+    return character_cells().get((character, CHARACTER_COLUMNS[method]))

@@ -497,3 +497,19 @@ def test_a_per_class_table_reads_each_runs_final_class_accuracies_and_leaves_the
     assert table.splitlines()[3] == "| b | — | 0.900 ± 0.000 |" and table.splitlines()[4] == "| c | — | — |"
     # The per-class cells do not split a run in two: the ordinary table still has one final row per seed.
     assert "| fedavg | 0.325 ± 0.064 |" in paper_table(rows, TableSpec(rows="method"))  # 0.32 + 0.01 x seed, seeds 0, 1
+
+
+def test_a_per_class_table_of_emnist_runs_puts_table_ix_beside_each_character():
+    from fedcond.tools.report import class_table
+
+    def final(method: str, accuracy: float, **extra: str) -> dict[str, str]:
+        return {"dataset": "emnist-byclass", "method": method, "seed": "0", "round": "20", "accuracy": "0.9",
+                "class:o": str(accuracy), "class:Q": "0.5", **extra}  # fmt: skip
+
+    rows = [final("fedavg", 0.1), final("conditional", 0.8, fingerprint="eigenvector"), final("ifca", 0.7)]
+    table = class_table(rows, TableSpec(classes=("o", "Q")))
+    # Table IX: o (lower) Global .000, Conditional .917; IFCA has no column; Q is not a character of it.
+    assert table.splitlines()[2] == "| o | 0.100 (paper 0.000) | 0.800 (paper 0.917) | 0.700 |"
+    assert "paper" not in table.splitlines()[3]
+    mnist = [{**row, "dataset": "mnist"} for row in rows]
+    assert "paper" not in class_table(mnist, TableSpec(classes=("o",)))

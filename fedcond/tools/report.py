@@ -21,7 +21,7 @@ import numpy as np
 from fedcond.errors import FedcondError
 from fedcond.history import dataset_metric, row_in_memory
 from fedcond.metrics import LOWER_IS_BETTER
-from fedcond.paper import PaperMatch, lookup, tables_in_order
+from fedcond.paper import PaperMatch, character_value, lookup, tables_in_order
 from fedcond.tools.experiment import (
     CLASS_PREFIX,
     METRIC_COLUMNS,
@@ -625,9 +625,9 @@ def _paper_table(rows: Sequence[Row], spec: TableSpec) -> tuple[str, dict[str, P
 
 def class_table(rows: Sequence[Row], spec: TableSpec) -> str:
     """Markdown of a per-class table: ``spec.classes`` down, each table cell of the spec's layout
-    across, each cell the mean over seeds of the participants' final accuracy on that class (the
-    appendix's Table IX); "—" where a run did not score classes (per-class-accuracy off) or no
-    client held one."""
+    across, each cell the mean over seeds of the participants' final accuracy on that class, with
+    the appendix's Table IX beside it where it prints that character for that method (EMNIST); "—"
+    where a run did not score classes (per-class-accuracy off) or no client held one."""
     data = TableData.of(rows, TableSpec(spec.columns, spec.groups, spec.rows))
     slots = [(row, group, values) for row in data.rows for group in data.groups for values in data.columns]
     slots = [slot for slot in slots if data.cell_rows(*slot)]
@@ -637,9 +637,12 @@ def class_table(rows: Sequence[Row], spec: TableSpec) -> str:
     for name in spec.classes:
         cells = []
         for slot in slots:
-            values = [as_float(final.get(class_column(name), "")) for final in data.cell_rows(*slot)]
+            finals = data.cell_rows(*slot)
+            values = [as_float(final.get(class_column(name), "")) for final in finals]
             values = [value for value in values if math.isfinite(value)]
-            cells.append(format_accuracy(_mean(values), confidence_half_width(values)) if values else "—")
+            text = format_accuracy(_mean(values), confidence_half_width(values)) if values else "—"
+            paper = character_value(finals[0], name)
+            cells.append(text + (f" (paper {paper:.3f})" if values and paper is not None else ""))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -683,7 +686,8 @@ def tables_markdown(rows: Sequence[Row], specs: Sequence[TableSpec], title: str,
         if spec.classes:  # a per-class table: no figure, no paper column (its paper cells are not loaded)
             table = class_table(rows, spec) if rows else "(no runs)"
             parts += ["", f"## {spec.title or f'Table {number}'}", "", table, "",
-                      "Cells: the participants' final accuracy on each class, mean over seeds."]  # fmt: skip
+                      "Cells: the participants' final accuracy on each class, mean over seeds (paper: Table IX, "
+                      "for EMNIST)."]  # fmt: skip
             continue
         figure = table_figure(rows, spec, out / f"table-{number}.png", spec.title or title) if rows else None
         table, matches = _paper_table(rows, spec) if rows else ("(no runs)", {})
