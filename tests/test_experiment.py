@@ -20,9 +20,11 @@ from fedcond.tools.experiment import (
     Experiment,
     TableSpec,
     experiment_lock,
+    load_experiment,
     plan,
     read_grid_file,
     run_experiment,
+    tidy_rows,
     write_metrics,
 )
 from fedcond.tools.report import confidence_half_width, paper_table, render, summarise
@@ -513,3 +515,27 @@ def test_a_per_class_table_of_emnist_runs_puts_table_ix_beside_each_character():
     assert "paper" not in table.splitlines()[3]
     mnist = [{**row, "dataset": "mnist"} for row in rows]
     assert "paper" not in class_table(mnist, TableSpec(classes=("o",)))
+
+
+def test_a_bundle_changed_under_its_label_replaces_the_old_one_once_its_run_is_redone(tmp_path):
+    """A grid's bundle keeps its label with other settings (a learning rate fixed): its finished run
+    is refused until its folder is deleted; the sweep that redoes it leaves one bundle of that label
+    in experiment.json (the new one, in the old one's place), so the folder reports."""
+    import shutil
+
+    def experiment(rate: float) -> Experiment:
+        bundles = [
+            {"label": "slow", "method": "fedavg", "learning-rate": rate},
+            {"label": "oracle", "method": "oracle"},
+        ]
+        return Experiment({"num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 2},
+                          {"variant": bundles, "seed": [0]})  # fmt: skip
+
+    run_experiment(experiment(0.01), default_config(), tmp_path, FakeRunner(), io.StringIO())
+    with pytest.raises(FedcondError, match="holds a finished run with other settings"):
+        run_experiment(experiment(0.001), default_config(), tmp_path, FakeRunner(), io.StringIO())
+    shutil.rmtree(tmp_path / "runs" / "variant-slow_seed-0")
+    run_experiment(experiment(0.001), default_config(), tmp_path, FakeRunner(), io.StringIO())
+    recorded = json.loads((tmp_path / "experiment.json").read_text())["axes"]["variant"]
+    assert [bundle["label"] for bundle in recorded] == ["slow", "oracle"] and recorded[0]["learning-rate"] == 0.001
+    assert len(list(tidy_rows(load_experiment(tmp_path), tmp_path))) == 2 * 2  # two runs of two rounds

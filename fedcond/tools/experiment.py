@@ -522,9 +522,14 @@ def record_experiment(experiment: Experiment, out: Path) -> None:
     if path.exists():
         existing = json.loads(path.read_text())
         # The folder's experiment is every axis value ever run into it: a sweep of a subset (a
-        # profile, fewer methods) adds to it, and the report covers all of it.
+        # profile, fewer methods) adds to it, and the report covers all of it. A bundle whose label
+        # a new bundle of other settings takes is replaced by it: the label names the run's folder,
+        # which holds one run (a finished run of the old settings is refused, prepare_folder).
         for axis, values in existing.get("axes", {}).items():
-            data["axes"][axis] = [*values, *(value for value in data["axes"].get(axis, []) if value not in values)]
+            new = data["axes"].get(axis, [])
+            by_label = {axis_label(value): value for value in new}
+            merged = [by_label.get(axis_label(value), value) for value in values]
+            data["axes"][axis] = [*merged, *(value for value in new if value not in merged)]
         before, now = existing.get("settings", {}), data["settings"]
         differing = sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
         if differing or existing.get("kind") != data["kind"]:
