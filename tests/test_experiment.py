@@ -539,3 +539,17 @@ def test_a_bundle_changed_under_its_label_replaces_the_old_one_once_its_run_is_r
     recorded = json.loads((tmp_path / "experiment.json").read_text())["axes"]["variant"]
     assert [bundle["label"] for bundle in recorded] == ["slow", "oracle"] and recorded[0]["learning-rate"] == 0.001
     assert len(list(tidy_rows(load_experiment(tmp_path), tmp_path))) == 2 * 2  # two runs of two rounds
+
+
+def test_a_sweeps_summary_ranks_the_variants_of_a_method_axis_together_under_their_labels(tmp_path):
+    """A variant axis (bundles naming a method) tells runs apart, as methods do: one scenario point,
+    one ranked table whose rows are the variants' labels, not a section per variant."""
+    bundles = [{"label": "plain", "method": "fedavg"}, {"label": "told", "method": "oracle"}]
+    experiment = Experiment({"num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 3},
+                            {"variant": bundles, "seed": [0]})  # fmt: skip
+    run_experiment(experiment, default_config(), tmp_path, FakeRunner(), io.StringIO())
+    assert experiment.method_axes == ["variant"] and "variant" not in experiment.point_axes
+    main(["report", str(tmp_path)])
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.count("\n## ") == 1 and "| 1 | told |" in summary and "| 2 | plain |" in summary
+    assert (tmp_path / "convergence-1.png").is_file() and not (tmp_path / "convergence-2.png").exists()

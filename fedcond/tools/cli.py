@@ -298,8 +298,9 @@ def report(out: Path) -> int:
     write_metrics(experiment, out)
     failures = failed_runs(experiment, out)
     text = render(out, experiment.title, experiment.kind, experiment.tables,
-                  [column_name(axis) for axis in experiment.setting_axes], failures,
-                  int(experiment.settings.get("drift-round", 0)))  # fmt: skip
+                  [column_name(axis) for axis in experiment.point_axes], failures,
+                  int(experiment.settings.get("drift-round", 0)),
+                  [column_name(axis) for axis in experiment.method_axes])  # fmt: skip
     print(text)
     print(f"fedcond: metrics.csv and reports written to {out}")
     not_started = runs_not_started(experiment, out)

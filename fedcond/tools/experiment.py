@@ -133,6 +133,20 @@ class Experiment:
         extra = [axis for axis in self.axes if axis not in (*SETTING_COLUMNS, *RUN_COLUMNS)]
         return [*SETTING_COLUMNS, *extra]
 
+    @property
+    def method_axes(self) -> list[str]:
+        """Axes other than ``method`` whose bundles name a method (a ``variant`` axis): in a report
+        their labels tell runs apart, as methods do, rather than scenario points."""
+        return [
+            axis for axis, values in self.axes.items()
+            if axis != "method" and any(isinstance(value, Mapping) and "method" in value for value in values)
+        ]  # fmt: skip
+
+    @property
+    def point_axes(self) -> list[str]:
+        """The settings that make a scenario point of a report: ``setting_axes`` but the method axes."""
+        return [axis for axis in self.setting_axes if axis not in self.method_axes]
+
 
 def column_name(axis: str) -> str:
     """The tidy file's column for a run-config key or grid axis (snake_case, like history.csv)."""

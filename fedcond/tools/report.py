@@ -94,11 +94,23 @@ class MethodSummary:
     final_drifted: float = math.nan
 
 
+#: A row's name in a report where a method axis names its runs (``labelled_runs``); never in metrics.csv.
+RUN_LABEL = "run-label"
+
+
+def labelled_runs(rows: Sequence[Row], columns: Sequence[str]) -> list[Row]:
+    """``rows`` with each run named by its ``columns`` (the method axes' labels: "Ens", "Lin") where
+    a grid has such axes; the rows' own method stays, for the paper's lookup."""
+    if not columns:
+        return list(rows)
+    return [{**row, RUN_LABEL: " ".join(str(row[column]) for column in columns)} for row in rows]
+
+
 def _runs(rows: Iterable[Row]) -> dict[tuple[str, str], list[Row]]:
-    """Rows of each (method, seed), in round order."""
+    """Rows of each (method, or the run's label where a method axis names it; seed), in round order."""
     runs: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for row in rows:
-        runs[(row["method"], row["seed"])].append(row)
+        runs[(str(row.get(RUN_LABEL) or row["method"]), row["seed"])].append(row)
     for history in runs.values():
         history.sort(key=lambda row: int(row["round"]))
     return runs
@@ -706,15 +718,17 @@ def scenario_groups(rows: Sequence[Row], setting_columns: Sequence[str]) -> dict
 
 
 def render(out: Path, title: str, kind: str, specs: Sequence[TableSpec], setting_columns: Sequence[str],
-           failures: Sequence[tuple[str, str]], drift_round: int = 0) -> str:  # fmt: skip
+           failures: Sequence[tuple[str, str]], drift_round: int = 0,
+           run_label_columns: Sequence[str] = ()) -> str:  # fmt: skip
     """Write the reports of a results folder from its ``metrics.csv``; returns what to print.
 
     A comparison gets ``summary.md`` and ``convergence.png``, and with ``drift_round`` (its
     ``drift-round`` setting) the drifting clients' recovery table and ``drift.png``; a sweep gets
     ``tables.md`` with one figure per table, and ``summary.md`` with a ranked table and a
-    convergence plot (``convergence-N.png``) per scenario point.
+    convergence plot (``convergence-N.png``) per scenario point: ``setting_columns`` make a point,
+    ``run_label_columns`` (a grid's method axes) name the runs within one.
     """
-    rows = read_metrics(out / "metrics.csv")
+    rows = labelled_runs(read_metrics(out / "metrics.csv"), run_label_columns)
     if kind == "compare":
         recoveries = drift_recoveries(rows, drift_round) if rows else []
         (out / "summary.md").write_text(summary_markdown(rows, title, failures, recoveries, drift_round))
@@ -787,13 +801,14 @@ def folder_section(folder: Path, base: Path) -> list[str]:
     metrics = folder / METRICS_FILE
     if not metrics.is_file():
         raise FedcondError(f"{folder} holds no {METRICS_FILE}; run fedcond report {folder} first")
-    rows = with_variants(read_metrics(metrics), experiment.settings)
+    rows = labelled_runs(with_variants(read_metrics(metrics), experiment.settings),
+                         [column_name(axis) for axis in experiment.method_axes])  # fmt: skip
     link = _link(folder, base)
     parts = [f"### {experiment.title}", "", f"Results folder [{link}]({link}): [tables]({link}/tables.md), "
              f"[summary]({link}/summary.md), every run's history.csv and run.json.", ""]  # fmt: skip
     if not rows:
         return [*parts, "No run has finished yet.", ""]
-    setting_columns = [column_name(axis) for axis in experiment.setting_axes]
+    setting_columns = [column_name(axis) for axis in experiment.point_axes]
     # The same grouping and numbering as render(), so the figure names match.
     points = [rows] if experiment.kind == "compare" else list(scenario_groups(rows, setting_columns).values())
     epochs = experiment.settings.get("local-epochs")
