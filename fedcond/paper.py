@@ -47,6 +47,9 @@ APPENDIX_REFERENCES = {
 }  # fmt: skip
 APPENDIX_MECHANISMS = {"ens": "Ens", "concat": "MLP", "lin": "Lin"}
 APPENDIX_FINGERPRINT = "eigenvector"
+#: The appendix's EMNIST (Table VIII: by the number n_c of eigenvectors; Table IX: per character).
+EMNIST_EXPERIMENT = "MCDC-EMNIST"
+EMNIST_DATASETS = {"emnist-balanced": "EMNIST-Balanced"}
 # Our dataset names and the CSV's. The domain scenario (E4a) records one of its two sources as its
 # dataset; the paper names the pair.
 DATASETS = {"mnist": "MNIST", "fashion-mnist": "FMNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
@@ -134,7 +137,7 @@ def _optional_int(text: str) -> int | None:
 def _configuration(row: Mapping[str, str]) -> str:
     """E2b's rotation set from the CSV's config label ("MNIST C3"; Table I's "FMNIST rot. K=4"); the
     appendix's synthetic task ("Logreg")."""
-    if row["experiment"] == APPENDIX_EXPERIMENT:
+    if row["experiment"] in (APPENDIX_EXPERIMENT, EMNIST_EXPERIMENT):
         return row["config"]
     if row["experiment"] != "E2b":
         return ""
@@ -159,7 +162,8 @@ def load_cells(path: Path | None = None) -> tuple[PaperCell, ...]:
         if (
             row["metric"] not in ("accuracy", "rmse")
             or not row["k"].strip()
-            or not experiment.startswith(("E", APPENDIX_EXPERIMENT))
+            or not experiment.startswith(("E", APPENDIX_EXPERIMENT, EMNIST_EXPERIMENT))
+            or row["table"] == CHARACTER_TABLE  # per character: character_cells
         ):
             continue
         cells.append(
@@ -226,6 +230,8 @@ def appendix_setting(row: Mapping[str, object]) -> PaperSetting | str:
                 f"appendix's are {APPENDIX_FINGERPRINT} + {', '.join(APPENDIX_MECHANISMS)})"
             )
         column = APPENDIX_MECHANISMS[conditioning]
+        if fingerprint_dim(row) != 1:
+            return f"the appendix conditions on the first eigenvector (fingerprint-dim=1), not {fingerprint_dim(row)}"
     else:
         return f"the appendix has no {method} column (Global, Cluster, Client, Ens, MLP, Lin)"
     return PaperSetting(
@@ -234,11 +240,40 @@ def appendix_setting(row: Mapping[str, object]) -> PaperSetting | str:
     )  # fmt: skip
 
 
+def fingerprint_dim(row: Mapping[str, object]) -> int:
+    """A tidy row's fingerprint-dim (a metrics.csv without the column: every run read the default)."""
+    from fedcond.config import RunConfig
+
+    return int(str(row.get("fingerprint_dim") or RunConfig().fingerprint_dim))
+
+
+def emnist_setting(row: Mapping[str, object]) -> PaperSetting | str:
+    """Table VIII's name for a tidy row of EMNIST Balanced split by case (3 clusters): the references
+    at n_c = 0, Cond (the eigenvector fingerprint, concatenated) at n_c = fingerprint-dim."""
+    method, k = str(row["method"]), int(str(row["num_clusters"]))
+    if str(row["scenario"]) != "label-shift" or k != 3:
+        return "the appendix's EMNIST table is label-shift by case, 3 clusters"
+    if method in APPENDIX_REFERENCES:
+        column, n_c = APPENDIX_REFERENCES[method], 0
+    elif method == "conditional":
+        fingerprint, conditioning = str(row.get("fingerprint", "")), str(row.get("conditioning", ""))
+        if (fingerprint, conditioning) != (APPENDIX_FINGERPRINT, "concat"):
+            return (f"conditional with fingerprint {fingerprint} and conditioning {conditioning} is our variant "
+                    f"(the appendix's EMNIST Cond is {APPENDIX_FINGERPRINT} + concat)")  # fmt: skip
+        column, n_c = "Conditional", fingerprint_dim(row)
+    else:
+        return f"the appendix's EMNIST table has no {method} column (Global, Cluster, Client, Conditional)"
+    return PaperSetting(EMNIST_EXPERIMENT, EMNIST_DATASETS[str(row["dataset"])], k,
+                        int(str(row["clients_per_cluster"])), f"n_c={n_c}", column)  # fmt: skip
+
+
 def paper_setting(row: Mapping[str, object]) -> PaperSetting | str:
     """The paper's name for the setting of one of our tidy rows, or why the paper has none."""
     method, scenario, dataset = str(row["method"]), str(row["scenario"]), str(row["dataset"])
     if EXPERIMENTS.get(scenario) == APPENDIX_EXPERIMENT:
         return appendix_setting(row)
+    if dataset in EMNIST_DATASETS:
+        return emnist_setting(row)
     if method not in METHODS:
         return f"{method} is none of the paper's methods (a named variant of ours has no published number)"
     if METHODS[method] == "Conditional":
@@ -272,6 +307,8 @@ def paper_setting(row: Mapping[str, object]) -> PaperSetting | str:
 
 def _candidates(setting: PaperSetting, cells: Iterable[PaperCell]) -> list[PaperCell]:
     def same_clients(cell: PaperCell) -> bool:
+        if cell.experiment == EMNIST_EXPERIMENT:  # it gives about 2,500 samples a client, not the clients
+            return True
         if cell.clients_per_cluster is None:
             return setting.clients_per_cluster == ASSUMED_CLIENTS_PER_CLUSTER
         if (cell.clients_per_cluster, setting.clients_per_cluster) == (SPARSE_AS_CAPTIONED, SPARSE_BY_SAMPLES):
@@ -322,7 +359,9 @@ def lookup(row: Mapping[str, object], cells: tuple[PaperCell, ...] | None = None
     ranked = sorted(tables_by_value.items(), key=lambda item: (-len(item[1]), order[item[1][0]]))
     (value, tables), *others = ranked
     notes = []
-    if any(cell.clients_per_cluster is None for cell in candidates):
+    if setting.experiment == EMNIST_EXPERIMENT:
+        notes.append("the appendix gives about 2,500 samples a client for EMNIST, not the number of clients")
+    elif any(cell.clients_per_cluster is None for cell in candidates):
         notes.append(f"the paper does not state clients per cluster for {setting.experiment}; 5 assumed")
     if any(cell.clients_per_cluster == SPARSE_AS_CAPTIONED != setting.clients_per_cluster for cell in candidates):
         notes.append(
@@ -337,7 +376,7 @@ def lookup(row: Mapping[str, object], cells: tuple[PaperCell, ...] | None = None
 
 
 #: Table IX (the appendix's EMNIST look-alike characters): its experiment id and its columns by our method.
-CHARACTER_EXPERIMENT, CHARACTER_TABLE = "MCDC-EMNIST", "IX"
+CHARACTER_TABLE = "IX"
 CHARACTER_COLUMNS = {"fedavg": "Global", "local": "Client", "oracle": "Cluster", "conditional": "Conditional"}
 
 

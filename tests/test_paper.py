@@ -6,7 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from fedcond.paper import DATASETS, DOMAIN_DATASET, EXPERIMENTS, METHODS, PaperCell, load_cells, lookup, paper_csv
+from fedcond.paper import (
+    DATASETS,
+    DOMAIN_DATASET,
+    EMNIST_EXPERIMENT,
+    EXPERIMENTS,
+    METHODS,
+    PaperCell,
+    load_cells,
+    lookup,
+    paper_csv,
+)
 from fedcond.tools.cli import main
 from fedcond.tools.experiment import Experiment, TableSpec
 from fedcond.tools.report import paper_table, render
@@ -27,9 +37,13 @@ def test_the_csv_is_found_from_the_package_and_holds_only_results_cells():
     assert paper_csv().parts[-3:] == ("experiments", "paper", "results.csv")
     cells = load_cells()
     assert len(cells) > 1000
-    # Derived rows (Table III's Δ and Mean, Table V's relative change) and the MCDC tables are not results.
+    # Derived rows (Table III's Δ and Mean, Table V's relative change) are not results; Table IX's
+    # per-character cells are read apart (character_cells).
     assert not {cell.method for cell in cells} & {"Cond-Oracle", "Cond"}
-    assert {cell.experiment for cell in cells} == set(EXPERIMENTS.values())
+    assert {cell.experiment for cell in cells} == {*EXPERIMENTS.values(), EMNIST_EXPERIMENT}
+    assert "IX" not in {cell.table for cell in cells} and {
+        cell.configuration for cell in cells if cell.table == "VIII"
+    } == {f"n_c={n}" for n in (0, 1, 2, 3, 4, 8)}
 
 
 def test_every_name_we_map_to_is_spelled_as_in_the_csv():
@@ -246,7 +260,7 @@ def test_every_grid_that_claims_paper_tables_runs_their_settings(grid, tmp_path)
             mapping = run.config.to_mapping()
             row = {key.replace("-", "_"): mapping[key] for key in
                    ("dataset", "scenario", "num-clusters", "clients-per-cluster", "rotations", "fingerprint",
-                    "conditioning")}  # fmt: skip
+                    "conditioning", "fingerprint-dim")}  # fmt: skip
             row["method"] = run.labels.get("method", run.config.method)
             setting = paper_setting(row)
             if isinstance(setting, str):
@@ -283,3 +297,30 @@ def test_the_parameter_matched_controls_are_the_recommended_variants_size(profil
     assert set(sizes) == {"conditional", "hyper-random-id", "concat-wide", "class-mean-concat-wide"}
     assert sizes.pop("conditional") < target / 1.05  # the paper's own network is the smaller one
     assert all(abs(size - target) / target < 0.005 for size in sizes.values()), (target, sizes)
+
+
+def test_emnist_runs_meet_table_viii_by_the_number_of_eigenvectors_they_read():
+    base = {"dataset": "emnist-balanced", "scenario": "label-shift", "num_clusters": 3, "clients_per_cluster": 10}
+    cond = {**base, "method": "conditional", "fingerprint": "eigenvector", "conditioning": "concat"}
+    assert lookup({**base, "method": "oracle"}).value == 0.969  # the references: n_c = 0
+    assert [lookup({**cond, "fingerprint_dim": str(n)}).value for n in (1, 2, 3, 4, 8)] == [
+        0.967,
+        0.967,
+        0.966,
+        0.966,
+        0.966,
+    ]
+    assert "no MCDC-EMNIST EMNIST-Balanced n_c=32" in lookup(cond).reason  # the default 32: no such row
+    assert "our variant" in lookup({**cond, "fingerprint": "eigen"}).reason
+    assert "2,500 samples a client" in lookup({**base, "method": "fedavg"}).notes[0]
+    appendix = {
+        "dataset": "synthetic-logistic",
+        "scenario": "concept-weights",
+        "num_clusters": 3,
+        "clients_per_cluster": 100,
+        "method": "conditional",
+        "fingerprint": "eigenvector",
+        "conditioning": "lin",
+    }
+    assert lookup({**appendix, "fingerprint_dim": "1"}).value == 0.964
+    assert "first eigenvector (fingerprint-dim=1), not 2" in lookup({**appendix, "fingerprint_dim": "2"}).reason

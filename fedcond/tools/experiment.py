@@ -48,6 +48,10 @@ SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster",
 # so every tidy row names it (runs recorded before these settings existed ran the defaults).
 VARIANT_COLUMNS = ("fingerprint", "conditioning")
 VARIANT_DEFAULTS = {key: getattr(RunConfig(), key) for key in VARIANT_COLUMNS}
+#: How many fingerprint entries a conditioned run read: a column of metrics.csv only where some run
+#: of the folder read another number than the default (the appendix's first eigenvector, its EMNIST
+#: table's 1-8), so that the paper's lookup can tell those runs apart.
+FINGERPRINT_DIM, FINGERPRINT_DIM_DEFAULT = "fingerprint_dim", RunConfig().fingerprint_dim
 RUN_COLUMNS = ("method", "seed")
 METRIC_COLUMNS = (
     "round", "accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari", "train_loss", "elapsed_seconds",
@@ -577,6 +581,7 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
         for number, row in enumerate(history, start=1):
             tidy: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
             tidy.update({key: config.get(key, VARIANT_DEFAULTS[key]) for key in VARIANT_COLUMNS})
+            tidy[FINGERPRINT_DIM] = config.get("fingerprint-dim", FINGERPRINT_DIM_DEFAULT)
             tidy.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
             # A method bundle (a named variant) is known by its label, not by its base method.
             tidy.update({"method": run.labels.get("method", config["method"]), "seed": config["seed"]})
@@ -594,6 +599,8 @@ def write_metrics(experiment: Experiment, out: Path) -> Path:
     optional = [c for c in OPTIONAL_METRIC_COLUMNS if any(math.isfinite(as_float(row.get(c, ""))) for row in rows)]
     settings = list(map(column_name, experiment.setting_axes))
     variants = [column for column in VARIANT_COLUMNS if column not in settings]  # a grid may sweep them
+    if FINGERPRINT_DIM not in settings and any(row[FINGERPRINT_DIM] != FINGERPRINT_DIM_DEFAULT for row in rows):
+        variants.append(FINGERPRINT_DIM)
     columns = [*settings, *variants, *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
     columns += list(dict.fromkeys(key for row in rows for key in row if key.startswith(CLASS_PREFIX)))
     # A regression task's rows name their score columns rmse (fedcond.history.column_on_disk).
