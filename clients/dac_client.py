@@ -6,7 +6,6 @@ import numpy as np
 
 from clients.fedcond_client import FedcondClient
 from fedcond.aggregation import DAC_NEIGHBOURS
-from fedcond.errors import FedcondError
 from fedcond.models import Network, set_weights
 from fedcond.newcomers import lowest_loss_average
 
@@ -20,10 +19,7 @@ class DacClient(FedcondClient):
     options = (DAC_NEIGHBOURS,)
 
     def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
-        per_model = len(self.model.state_dict())
-        if not parameters or len(parameters) % per_model:
-            raise FedcondError("a DAC newcomer received a partial set of models; server and client disagree")
-        peers = [parameters[start : start + per_model] for start in range(0, len(parameters), per_model)]
+        peers = self.split_models(parameters)
         losses = []
         for peer in peers:
             set_weights(self.model, peer)

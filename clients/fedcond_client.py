@@ -332,9 +332,26 @@ class FedcondClient(NumPyClient):
     def adapted_accuracy(self, served: Network, steps: int, round_config: dict[str, object]) -> float:
         adapted = self.fresh_model()
         set_weights(adapted, get_weights(served))
-        seed = self.round_seed(round_config)
-        chosen = step_indices(len(self.data.train_y), steps, self.train_settings.batch_size, seed)
+        self.train_newcomer_steps(adapted, round_config, 0, steps)
+        return self.evaluate_model(adapted, round_config)[2][ACCURACY]  # type: ignore[return-value]
+
+    def train_newcomer_steps(self, model: Network, round_config: dict[str, object], first: int, count: int) -> float:
+        """Train ``model`` for ``count`` SGD steps, on the samples of batches ``first`` to
+        ``first + count - 1`` of this round's ``newcomer-steps`` seeded batches (``step_indices``); the
+        pass's mean loss. Every method's newcomer adapts on the same samples."""
+        seed, batch = self.round_seed(round_config), self.train_settings.batch_size
+        chosen = step_indices(len(self.data.train_y), NEWCOMER_STEPS.of(self.run_config), batch, seed)
+        chosen = chosen[first * batch : (first + count) * batch]
         one_pass = dataclasses.replace(self.train_settings, epochs=1)
         condition = self.condition(round_config)
-        train(adapted, self.data.train_x[chosen], self.data.train_y[chosen], condition, one_pass, seed)
-        return self.evaluate_model(adapted, round_config)[2][ACCURACY]  # type: ignore[return-value]
+        return train(model, self.data.train_x[chosen], self.data.train_y[chosen], condition, one_pass, seed)
+
+    def split_models(self, parameters: list[np.ndarray]) -> list[list[np.ndarray]]:
+        """A message of several models (IFCA's K, DAC's peers, pFedHN's two for a newcomer) as models."""
+        per_model = len(self.model.state_dict())
+        if not parameters or len(parameters) % per_model:
+            raise FedcondError(
+                f"a {self.run_config.method} client received a partial set of models; server and client disagree "
+                "on the model"
+            )
+        return [parameters[i : i + per_model] for i in range(0, len(parameters), per_model)]

@@ -6,7 +6,6 @@ import numpy as np
 
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.aggregation import lowest_loss_choice
-from fedcond.errors import FedcondError
 from fedcond.messages import CHOICE, EVALUATE_CHOICE, TRAIN_LOSS
 from fedcond.models import Network, get_weights, set_weights
 
@@ -20,12 +19,6 @@ class IfcaClient(FedcondClient):
     """
 
     released_beyond_training = "the choice of the model with the lowest loss on their training data"
-
-    def split_models(self, parameters: list[np.ndarray]) -> list[list[np.ndarray]]:
-        per_model = len(self.model.state_dict())
-        if len(parameters) % per_model:
-            raise FedcondError("IFCA received a partial set of models; server and client disagree on the model")
-        return [parameters[i : i + per_model] for i in range(0, len(parameters), per_model)]
 
     def choose(self, candidates: list[list[np.ndarray]], round_config: dict[str, object]) -> int:
         """IFCA's cluster identity step: the candidate with the lowest loss on this client's training data."""

@@ -8,8 +8,6 @@ model after ``newcomer-steps`` steps."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
@@ -24,8 +22,6 @@ from fedcond.messages import (
     WITH_ADAPTED_MODEL,
 )
 from fedcond.models import get_weights, set_weights
-from fedcond.newcomers import NEWCOMER_STEPS, step_indices
-from fedcond.training import train
 
 
 class PFedHNClient(FedcondClient):
@@ -39,28 +35,22 @@ class PFedHNClient(FedcondClient):
         return self.embedding_step(parameters, round_config)
 
     def embedding_step(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
-        """One SGD step on batch ``NEWCOMER_STEP`` of the newcomer's seeded passes (``fedcond.newcomers``:
-        the batches another method's newcomer takes its ``newcomer-steps`` steps on)."""
-        steps, step = NEWCOMER_STEPS.of(self.run_config), int(round_config[NEWCOMER_STEP])  # type: ignore[arg-type]
-        batch = self.train_settings.batch_size
-        chosen = step_indices(len(self.data.train_y), steps, batch, self.round_seed(round_config))
-        chosen = chosen[step * batch : (step + 1) * batch]
+        """One SGD step on batch ``NEWCOMER_STEP`` of the newcomer's seeded batches (the samples another
+        method's newcomer takes its ``newcomer-steps`` steps on)."""
         set_weights(self.model, parameters)
-        one_step = dataclasses.replace(self.train_settings, epochs=1)
-        condition = self.condition(round_config)
-        loss = train(self.model, self.data.train_x[chosen], self.data.train_y[chosen], condition, one_step,
-                     self.round_seed(round_config))  # fmt: skip
-        return get_weights(self.model), len(chosen), {TRAIN_LOSS: loss}
+        loss = self.train_newcomer_steps(self.model, round_config, int(round_config[NEWCOMER_STEP]), 1)  # type: ignore[arg-type]
+        return get_weights(self.model), self.train_settings.batch_size, {TRAIN_LOSS: loss}
 
     def evaluate_newcomer(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         if not round_config.get(WITH_ADAPTED_MODEL):  # zero-shot only (newcomer-steps = 0)
             set_weights(self.model, parameters)
             return self.evaluate_model(self.model, round_config)
-        per_model = len(self.model.state_dict())
-        if len(parameters) != 2 * per_model:
+        models = self.split_models(parameters)
+        if len(models) != 2:
             raise FedcondError("a pFedHN newcomer expected two models; server and client disagree on the model")
-        set_weights(self.model, parameters[per_model:])
+        zero_shot, learned = models
+        set_weights(self.model, learned)
         adapted = self.evaluate_model(self.model, round_config)[2][ACCURACY]
-        set_weights(self.model, parameters[:per_model])
+        set_weights(self.model, zero_shot)
         loss, examples, metrics = self.evaluate_model(self.model, round_config)
         return loss, examples, {**metrics, ADAPTED_ACCURACY: adapted}

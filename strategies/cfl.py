@@ -161,7 +161,7 @@ class CflStrategy(ClusterModels):
                   f"largest similarity across {cross:.3f})")  # fmt: skip
 
     def is_newcomer(self, partition_id: int) -> bool:
-        return partition_id not in self.assignment and partition_id >= self.inputs.config.num_training_clients
+        return partition_id not in self.training_partitions
 
     def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
         if self.is_newcomer(partition_id):

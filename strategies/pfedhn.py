@@ -15,7 +15,7 @@ Where fedcond deviates, and why:
   training instructions with each newcomer, each one SGD step on the newcomer's data from the model
   its current embedding generates, and moves only the embedding along the update
   (``fedcond.hypernetwork.NewcomerEmbedding``; every method's newcomer takes its k steps on the same
-  batches). The embedding starts again from the mean each round: the adapted score is that round's
+  samples). The embedding starts again from the mean each round: the adapted score is that round's
   hypernetwork after k steps, as another method's is its model after k steps.
 - The server's learning rate defaults to 0.002, not the paper's 0.01: with this project's clients
   (5 local epochs of SGD 0.01/0.9 on digits) and one step per client in turn, 0.01 diverged (a
@@ -110,7 +110,7 @@ class PFedHNStrategy(FedcondStrategy):
     def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
         if stage == EVALUATE and partition_id in self.adapted:
             return {**config, WITH_ADAPTED_MODEL: True}
-        return config
+        return super().instruction_config(stage, partition_id, config)
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
