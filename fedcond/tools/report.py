@@ -695,7 +695,7 @@ def tables_markdown(rows: Sequence[Row], specs: Sequence[TableSpec], title: str,
             "several seeds); bold marks the best method of each column.",
         ]
     for number, spec in enumerate(specs, start=1):
-        if spec.classes:  # a per-class table: no figure, no paper column (its paper cells are not loaded)
+        if spec.classes:  # a per-class table: no figure; Table IX beside EMNIST cells (class_table)
             table = class_table(rows, spec) if rows else "(no runs)"
             parts += ["", f"## {spec.title or f'Table {number}'}", "", table, "",
                       "Cells: the participants' final accuracy on each class, mean over seeds (paper: Table IX, "
