@@ -197,3 +197,23 @@ def test_reserved_encoder_splits_are_recorded_and_partition_files_checked(cifar1
     assert load_partition_file(path, reserved, 0).train_x.shape[0] > 0
     with pytest.raises(FedcondError, match="fingerprint-encoder 'cifar10-reserved' vs None"):
         load_partition_file(path, config, 0)
+
+
+def test_cifar10_clients_fingerprint_through_the_papers_cifar100_encoder(cifar10_dir, monkeypatch):
+    """fingerprint-encoder=cifar100, the paper's own choice, stays usable where CIFAR-100 is at hand:
+    the encoder trains on CIFAR-100 (cached), CIFAR-10's split is untouched, and each client's
+    fingerprint is read from its 128-d embedding, not its pixels."""
+    from fedcond import encoder
+    from fedcond.client_data import client_fingerprint, load_client_data
+
+    write_cifar100_pickles(cifar10_dir)  # both datasets in one data-dir, as a user would lay them out
+    monkeypatch.setitem(encoder.ENCODER_SETTINGS, "samples", 64)
+    monkeypatch.setitem(encoder.ENCODER_SETTINGS, "epochs", 1)
+    encoder.load_encoder.cache_clear()
+    config = RunConfig(dataset="cifar10", num_clusters=2, clients_per_cluster=2, data_dir=str(cifar10_dir))
+    through_cifar100 = config.replace(fingerprint_encoder="cifar100")
+    client = load_client_data(through_cifar100, 0)
+    vector = client_fingerprint(through_cifar100, client)
+    assert vector.shape == (through_cifar100.fingerprint_dim,) and np.all(np.isfinite(vector))
+    assert len(list(cache_dir().glob("encoder-cifar100-*.pt"))) == 1
+    assert not np.allclose(vector, client_fingerprint(config, load_client_data(config, 0)))
