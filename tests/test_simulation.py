@@ -188,13 +188,15 @@ def test_a_client_failing_in_round_2_leaves_that_round_to_the_others(tmp_path, m
 def test_on_rays_actors_a_conditioned_run_survives_a_failure_with_the_in_process_numbers(tmp_path, monkeypatch):
     """The users' backend: each virtual client in a Ray actor of its own, which unpickles the
     ClientApp with its mods; the secure sum of the fingerprint statistics before round 1, then a
-    client raising in round 2 (the first messages wait for Ray to start: round-timeout 60 s). The
+    client raising in round 2. The first messages wait for Ray to start its actors: a CI run with the
+    other test processes on the same 2 cores once took over 60 s for that (the run failed before
+    round 1), so round-timeout is 300 s; the fault raises at once, so no round waits for it. The
     same run with the ClientApps in this process, as every other test runs them, gives the same
     rounds: the in-process backend changes where clients run, not what they compute."""
     fault = Fault(1, 2, FIT, RAISE)
     settings = {
         "method": "conditional", "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 4,
-        "local-epochs": 1, "min-answered-fraction": 0.75, "round-timeout": 60, "verbose": False,
+        "local-epochs": 1, "min-answered-fraction": 0.75, "round-timeout": 300, "verbose": False,
     }  # fmt: skip
     simulate(run_config({**settings, "results-dir": str(tmp_path / "ray")}), client_mods=[fault], quiet=True)
     info = assert_survived_one_failure(tmp_path / "ray", "conditional", fault, "failed", fault.reason)
