@@ -20,7 +20,7 @@ run: $(STAMP)
 # Three test processes on two cores: the deployment tests wait on Flower (heartbeats, polling) and the
 # others use the cores meanwhile (docs/performance.md, "The test suite").
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 3 --maxschedchunk 1
+	$(BIN)/python -m pytest -q -n 3
 
 # The unit tests alone, without Flower, Ray or deployments (about half a minute): for while you edit.
 test-fast: $(STAMP)

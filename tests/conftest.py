@@ -58,24 +58,3 @@ def task_identity(monkeypatch):
 
     for name in ("_task_id", "_run_id", "_node_id"):
         monkeypatch.setattr(TaskIdentity, name, 1)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked ``waits`` spend minutes waiting on Flower (heartbeats, SuperNodes, ClientApp
-    processes starting) rather than computing: they start first, longest first, each in a test process
-    of its own, so that their waits overlap the other tests' work instead of adding to it.
-
-    `make test` hands tests out one at a time (``--maxschedchunk 1``) after two to each process at
-    the start: a waiting test and then a quick one each, so the longest waits begin at once on
-    different processes. In collection order, with xdist's default hand-out (72 consecutive tests to
-    each of 3 processes at the start), the TLS and node-killed deployments of test_deploy.py (tests
-    131 and 135 of 865) ran one after the other in one process: 224 + 404 s of an 897-s suite."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # one process: the order does not change the time
-    waiting = sorted((item for item in items if item.get_closest_marker("waits")),
-                     key=lambda item: -item.get_closest_marker("waits").args[0])  # fmt: skip
-    others = [item for item in items if not item.get_closest_marker("waits")]
-    ordered: list[pytest.Item] = []
-    for index, test in enumerate(waiting):
-        ordered += [test, *others[index : index + 1]]
-    items[:] = ordered + others[len(waiting) :]

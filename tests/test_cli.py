@@ -76,7 +76,6 @@ def stop_superlink_on(port: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.waits(150)
 def test_fedcond_run_goes_through_flwr_run(tmp_path):
     """The README's main command, shortened, on a local SuperLink of its own: its own Flower home and
     free ports, so a SuperLink left on flwr's default port by an earlier `make run` changes nothing."""

@@ -244,7 +244,6 @@ ACCURACY_TOLERANCE = 0.01
 
 
 @pytest.mark.slow
-@pytest.mark.waits(220)
 def test_three_node_tls_deployment_matches_the_simulation(tmp_path):
     """Separate SuperLink and SuperNode processes on 127.0.0.1, TLS; then the same run simulated."""
     started = time.monotonic()
@@ -388,7 +387,6 @@ ROUND_WAIT = 1200.0  # seconds a deployed round may take here: the development m
 
 
 @pytest.mark.slow
-@pytest.mark.waits(400)
 def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
     """4 SuperNodes, 4 rounds: node 3's machine dies during round 2 (SIGKILL of its SuperNode and
     ClientApps: no goodbye) and is started again, with its key and data, once round 2 is over. The run

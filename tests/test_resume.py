@@ -385,7 +385,6 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
 
 
 @pytest.mark.slow
-@pytest.mark.waits(130)
 def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp_path):
     """The user's command, on a local SuperLink of its own (own Flower home, free ports): the
     ServerApp and the ClientApps read everything from the run config flwr run passes them."""
