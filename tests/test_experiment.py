@@ -325,6 +325,24 @@ def test_grid_file_errors_are_one_line_and_name_the_fix(tmp_path):
         read_grid_file(tmp_path / "missing.toml")
 
 
+def test_a_profile_that_extends_another_starts_from_its_keys_and_a_loop_is_refused(tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        '[settings]\nseed = 0\n[grid]\nmethod = ["fedavg", "oracle"]\n'
+        "[profiles.short]\nnum-server-rounds = 3\ndata-fraction = 0.2\n"
+        '[profiles.short-oracle]\nextends = "short"\nmethod = ["oracle"]\ndata-fraction = 0.1\n'
+    )
+    experiment = read_grid_file(grid, "short-oracle")
+    assert experiment.axes["method"] == ["oracle"]
+    assert experiment.settings == {"seed": 0, "num-server-rounds": 3, "data-fraction": 0.1}
+    grid.write_text('[grid]\nmethod = ["fedavg"]\n[profiles.a]\nextends = "b"\n[profiles.b]\nextends = "a"\n')
+    with pytest.raises(FedcondError, match="profiles a -> b -> a extend each other in a loop"):
+        read_grid_file(grid, "a")
+    grid.write_text('[grid]\nmethod = ["fedavg"]\n[profiles.a]\nextends = "quik"\n')
+    with pytest.raises(FedcondError, match="has no profile 'quik'"):
+        read_grid_file(grid, "a")
+
+
 def test_bundled_axis_values_set_several_keys_and_label_the_run():
     experiment = read_grid_file(next(g for g in GRIDS if g.stem == "e2b-rotation"), "quick")
     runs = plan(experiment, default_config(), Path("/nonexistent/runs"))

@@ -202,7 +202,9 @@ def parse_seeds(text: str) -> list[int]:
 def read_grid_file(path: Path, profile: str | None = None) -> Experiment:
     """A grid file: ``title``, ``[settings]``, ``[grid]``, ``[[table]]`` and ``[profiles.NAME]``.
 
-    A profile's keys replace grid axes of the same name, or else fixed settings.
+    A profile's keys replace grid axes of the same name, or else fixed settings. A profile with
+    ``extends = "OTHER"`` starts from profile OTHER's keys (so a variant of a profile names only
+    what differs).
     """
     try:
         data = tomllib.loads(path.read_text())
@@ -218,10 +220,7 @@ def read_grid_file(path: Path, profile: str | None = None) -> Experiment:
     axes = {key: value if isinstance(value, list) else [value] for key, value in data.get("grid", {}).items()}
     profiles = data.get("profiles", {})
     if profile is not None:
-        if profile not in profiles:
-            choices = ", ".join(profiles) or "none"
-            raise FedcondError(f"{path} has no profile '{profile}' (profiles: {choices})")
-        for key, value in profiles[profile].items():
+        for key, value in profile_keys(path, profiles, profile).items():
             if key in axes:
                 axes[key] = value if isinstance(value, list) else [value]
             else:
@@ -242,6 +241,27 @@ def read_grid_file(path: Path, profile: str | None = None) -> Experiment:
     experiment = Experiment(settings, axes, tables, title, "sweep")
     check_experiment(experiment)
     return experiment
+
+
+def profile_keys(path: Path, profiles: Mapping[str, Any], profile: str) -> dict[str, Any]:
+    """A profile's keys, after those of the profiles it ``extends`` (a chain, never a loop)."""
+    chain: list[str] = []
+    while profile not in chain:
+        if profile not in profiles:
+            choices = ", ".join(profiles) or "none"
+            raise FedcondError(f"{path} has no profile '{profile}' (profiles: {choices})")
+        chain.append(profile)
+        base = profiles[profile].get("extends")
+        if base is None:
+            break
+        profile = str(base)
+    else:
+        loop = " -> ".join([*chain, profile])
+        raise FedcondError(f"{path}: profiles {loop} extend each other in a loop; end the chain")
+    keys: dict[str, Any] = {}
+    for name in reversed(chain):
+        keys.update({key: value for key, value in profiles[name].items() if key != "extends"})
+    return keys
 
 
 def check_experiment(experiment: Experiment) -> None:
