@@ -1,19 +1,10 @@
 """The `fedcond` command: bad input stops with one line before Flower starts; a real `flwr run`."""
 
-import contextlib
-import csv
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from fedcond.tools.cli import main
-from fedcond.tools.deploy import free_ports
-from fedcond.tools.processes import alive
 from tests.test_datasets import write_fake_mnist
 
 
@@ -63,59 +54,6 @@ def test_compare_plans_newcomers_for_every_method(tmp_path, capsys):
     listed = capsys.readouterr().out
     for method in method_names("all"):
         assert f"method-{method}" in listed, method
-
-
-def stop_superlink_on(port: int) -> None:
-    """flwr leaves its local SuperLink running: end the one this test's port identifies, and its children."""
-    for process in psutil.process_iter(["cmdline"], ad_value=None):
-        cmdline = process.info["cmdline"] or []
-        if any("flower-superlink" in part for part in cmdline) and str(port) in cmdline:
-            for child in [*process.children(recursive=True), process]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.terminate()
-
-
-@pytest.mark.slow
-def test_fedcond_run_goes_through_flwr_run(tmp_path):
-    """The README's main command, shortened, on a local SuperLink of its own: its own Flower home and
-    free ports, so a SuperLink left on flwr's default port by an earlier `make run` changes nothing."""
-    http_port, control_port = free_ports(2)
-    environment = {
-        **os.environ,
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-        # flwr 1.42 reads these when it starts the local SuperLink of a ":local:" connection.
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
-    }
-    command = [sys.executable, "-m", "fedcond.tools.cli", "run", "num-clusters=2", "clients-per-cluster=2",
-               "num-server-rounds=2", "local-epochs=1", "results-dir=out"]  # fmt: skip
-    # Another Flower home's SuperLink (a stand-in by that name): `fedcond stop-superlink` must leave it.
-    other = tmp_path / "flower-superlink"
-    other.write_text("import time\ntime.sleep(300)\n")
-    other_home_log = tmp_path / "other-home" / "local-superlink" / "superlink.log"
-    bystander = subprocess.Popen([sys.executable, str(other), "--log-file", str(other_home_log)])
-    try:
-        finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        (folder,) = (tmp_path / "out").iterdir()
-        recorded = json.loads((folder / "local-superlink.json").read_text())["pid"]
-        # The SuperLink flwr started for this test's Flower home, not the stand-in or an earlier run's.
-        assert str(tmp_path / "flwr-home") in " ".join(psutil.Process(recorded).cmdline())
-        stopped = subprocess.run([sys.executable, "-m", "fedcond.tools.cli", "stop-superlink"], env=environment,
-                                 capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
-        assert f"(PID {recorded})" in stopped.stdout and not alive(recorded)
-        assert bystander.poll() is None  # the other home's SuperLink still runs
-    finally:
-        stop_superlink_on(http_port)
-        bystander.kill()
-    assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
-    assert "round   2/2  accuracy" in finished.stdout and "fedcond: finished 2 rounds" in finished.stdout
-    assert f"local SuperLink (PID {recorded}" in finished.stdout and "fedcond stop-superlink" in finished.stdout
-    # The terminal holds fedcond's lines only; Flower's own (INFO ...) went to the run's flower.log.
-    assert all(line.startswith(("fedcond:", "round ", "scenario ", "  ")) for line in finished.stdout.splitlines())
-    with (folder / "history.csv").open() as handle:
-        assert [row["round"] for row in csv.DictReader(handle)] == ["1", "2"]
-    assert {"run.json", "convergence.png", "flower.log"} <= {path.name for path in folder.iterdir()}
-    assert "INFO" in (folder / "flower.log").read_text()
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].joinpath("experiments").glob("*.toml")))

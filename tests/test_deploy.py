@@ -386,29 +386,37 @@ FAILURE_COLUMNS = ("clients_asked", "clients_answered", "clients_failed", "clien
 ROUND_WAIT = 1200.0  # seconds a deployed round may take here: the development machine is often very busy
 
 
+# The node-killed deployment: NODES SuperNodes, the last one's machine dies in round 2.
+NODES = 3
+KILLED = NODES - 1
+
+
 @pytest.mark.slow
 def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
-    """4 SuperNodes, 4 rounds: node 3's machine dies during round 2 (SIGKILL of its SuperNode and
+    """3 SuperNodes, 4 rounds: node 2's machine dies during round 2 (SIGKILL of its SuperNode and
     ClientApps: no goodbye) and is started again, with its key and data, once round 2 is over. The run
-    finishes (3 of 4 answers suffice with min-answered-fraction=0.75); the history shows round 2's
-    failure and node 3 answering again in round 4."""
+    finishes (2 of 3 answers suffice with min-answered-fraction=0.6); the history shows round 2's
+    failure and node 2 answering again in round 4."""
     # Two messages a round: each round's row is written when that round ends, which the kill and the
-    # restart are timed by (with evaluate-in-fit a row waits for the next round's fit replies).
-    settings = ["num-clusters=4", "clients-per-cluster=1", "num-server-rounds=4", "local-epochs=1", "batch-size=32",
-                "min-answered-fraction=0.75", "verbose=false", f"results-dir={tmp_path / 'results'}",
-                "evaluate-in-fit=false"]  # fmt: skip
+    # restart are timed by (with evaluate-in-fit a row waits for the next round's fit replies). The
+    # fingerprints' log normalisation needs no secure sum before round 1: federated normalisation's
+    # SecAgg+ stages (a ClientApp process per node for each) cost this test a minute and a half, and
+    # the TLS deployment above runs them.
+    settings = [f"num-clusters={NODES}", "clients-per-cluster=1", "num-server-rounds=4", "local-epochs=1",
+                "batch-size=32", "min-answered-fraction=0.6", "normalisation=log", "verbose=false",
+                f"results-dir={tmp_path / 'results'}", "evaluate-in-fit=false"]  # fmt: skip
     config, overrides = prepare(settings)
     folder = run_folder(overrides)
     with LocalDeployment(tmp_path / "deployment") as deployment:
-        deployment.start(config, nodes=4)
-        node_id = deployment.nodes[3].node_id
+        deployment.start(config, nodes=NODES)
+        node_id = deployment.nodes[KILLED].node_id
         submitter = deployment.submit(app_directory(), overrides, log_as="flwr-run")
         wait_for_rounds(folder, 1, submitter, ROUND_WAIT)  # round 2 is under way
-        deployment.kill_node(3)
+        deployment.kill_node(KILLED)
         # Round 2 ends once Flower has noticed the node gone (two missed heartbeats, about a minute).
         wait_for_rounds(folder, 2, submitter, ROUND_WAIT)
-        # Round 3 has asked its clients: node 3 misses it, and is back for round 4 (with a new process).
-        deployment.restart_node(3)
+        # Round 3 has asked its clients: the node misses it, and is back for round 4 (with a new process).
+        deployment.restart_node(KILLED)
         assert submitter.wait(timeout=3 * ROUND_WAIT) == 0
         statuses = deployment.node_statuses()
         run_log = deployment.processes.log_path("flwr-run").read_text()
@@ -417,14 +425,15 @@ def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
     rows = history_rows(folder)
     assert [row["round"] for row in rows] == ["1", "2", "3", "4"]
     count = [{column: int(row[column]) for column in FAILURE_COLUMNS} for row in rows]
-    everyone = {"clients_asked": 4, "clients_answered": 4, "clients_failed": 0, "clients_timed_out": 0}
+    everyone = {"clients_asked": NODES, "clients_answered": NODES, "clients_failed": 0, "clients_timed_out": 0}
     assert count[0] == everyone
-    # Round 2: node 3 never answered (an error reply once the SuperLink saw it gone).
-    assert count[1] == {"clients_asked": 4, "clients_answered": 3, "clients_failed": 1, "clients_timed_out": 0}
+    # Round 2: the killed node never answered (an error reply once the SuperLink saw it gone).
+    assert count[1] == {"clients_asked": NODES, "clients_answered": NODES - 1, "clients_failed": 1,
+                        "clients_timed_out": 0}  # fmt: skip
     assert count[3] == everyone, count  # back under its partition id
     events = json.loads((folder / "run.json").read_text())
-    assert {(f["round"], f["partition-id"]) for f in events["failures"]} >= {(2, 3)}
-    assert [e["event"] for e in events["membership"] if e["partition-id"] == 3][-1] == "joined"
+    assert {(f["round"], f["partition-id"]) for f in events["failures"]} >= {(2, KILLED)}
+    assert [e["event"] for e in events["membership"] if e["partition-id"] == KILLED][-1] == "joined"
     assert statuses[node_id] == "online"  # the same node id: it belongs to the registered key
 
 
@@ -441,10 +450,13 @@ def test_a_run_the_server_stops_says_why_in_the_submitting_terminal_at_once(tmp_
         deployment.processes.kill(deployment.nodes[1].name)  # its machine runs partition 0's config instead:
         twin = supernode_command(deployment.superlink_port, free_ports(1)[0], deployment.nodes[0].node_config, None)
         deployment.processes.start("twin", twin, tmp_path)
-        results = {"num-clusters": 2, "clients-per-cluster": 1, "num-server-rounds": 2, "results-dir": str(tmp_path)}
+        # The twin is submitted before it has connected: on a loaded machine (CI, pytest -n) it took
+        # over node-timeout's default 60 s, and the run stopped on "the federation has 1 nodes".
+        results = {"num-clusters": 2, "clients-per-cluster": 1, "num-server-rounds": 2, "results-dir": str(tmp_path),
+                   "node-timeout": 240}  # fmt: skip
         submitter = deployment.submit(app_directory(), results, log_as="flwr-run")
         log = deployment.processes.log_path("flwr-run")
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         while reason not in log.read_text() and submitter.poll() is None:
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)

@@ -3,6 +3,7 @@ does; bad resumes are refused in one line before anything starts; compare/sweep 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -26,6 +28,7 @@ from fedcond.pooled import run_pooled
 from fedcond.tools.cli import default_config, main
 from fedcond.tools.experiment import Experiment, run_experiment
 from fedcond.tools.flwr_commands import prepare
+from fedcond.tools.processes import alive
 from strategies.registry import run_config
 from strategies.simulation import simulate
 
@@ -386,30 +389,56 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
 
 @pytest.mark.slow
 def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp_path):
-    """The user's command, on a local SuperLink of its own (own Flower home, free ports): the
-    ServerApp and the ClientApps read everything from the run config flwr run passes them."""
+    """The user's command, on a local SuperLink of its own (own Flower home, free ports, so a SuperLink
+    left on flwr's default port by an earlier `make run` changes nothing): the ServerApp and the
+    ClientApps read everything from the run config flwr run passes them. The suite's one real
+    `flwr run` (each costs minutes), so it also checks what the terminal shows of it and that
+    `fedcond stop-superlink` ends this Flower home's SuperLink alone."""
     from fedcond.tools.deploy import free_ports
-    from tests.test_cli import stop_superlink_on
 
-    simulate(small(tmp_path, "fedavg", "straight", **{"num-server-rounds": 3}))
-    simulate(small(tmp_path, "fedavg", "stopped", **{"num-server-rounds": 2}))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as Ray's actors train below: the same arithmetic, the same models
+    try:
+        simulate(small(tmp_path, "fedavg", "straight", **{"num-server-rounds": 3}))
+        simulate(small(tmp_path, "fedavg", "stopped", **{"num-server-rounds": 2}))
+    finally:
+        torch.set_num_threads(threads)
     http_port, control_port = free_ports(2)
     environment = {
         **os.environ,
         "FLWR_HOME": str(tmp_path / "flwr-home"),
+        # flwr 1.42 reads these when it starts the local SuperLink of a ":local:" connection.
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
         "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
     }
     command = [sys.executable, "-m", "fedcond.tools.cli", "run", "resume=results/stopped", "num-server-rounds=3",
                "verbose=true"]  # fmt: skip
+    # Another Flower home's SuperLink (a stand-in by that name): `fedcond stop-superlink` must leave it.
+    other = tmp_path / "flower-superlink"
+    other.write_text("import time\ntime.sleep(600)\n")
+    other_home_log = tmp_path / "other-home" / "local-superlink" / "superlink.log"
+    bystander = subprocess.Popen([sys.executable, str(other), "--log-file", str(other_home_log)])
+    folder = tmp_path / "results" / "stopped"
     try:
         finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        # A failed `flwr run` says why here, before anything reads what it should have written.
+        assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
+        recorded = json.loads((folder / "local-superlink.json").read_text())["pid"]
+        # The SuperLink flwr started for this test's Flower home, not the stand-in or an earlier run's.
+        assert str(tmp_path / "flwr-home") in " ".join(psutil.Process(recorded).cmdline())
+        stopped = subprocess.run([sys.executable, "-m", "fedcond.tools.cli", "stop-superlink"], env=environment,
+                                 capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+        assert f"(PID {recorded})" in stopped.stdout and not alive(recorded)
+        assert bystander.poll() is None  # the other home's SuperLink still runs
     finally:
         stop_superlink_on(http_port)
-    assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
-    folder = tmp_path / "results" / "stopped"
+        bystander.kill()
     assert f"fedcond: resuming {folder} from round 3 of 3" in finished.stdout
     assert "round   3/3  accuracy" in finished.stdout and "round   1/3" not in finished.stdout
+    assert f"local SuperLink (PID {recorded}" in finished.stdout and "fedcond stop-superlink" in finished.stdout
+    # The terminal holds fedcond's lines only; Flower's own (INFO ...) went to the run's Flower log.
+    assert all(line.startswith(("fedcond:", "round ", "scenario ", "  ")) for line in finished.stdout.splitlines())
+    assert "INFO" in (folder / "flower-resume-1.log").read_text()
     # The extended run equals a 3-round run: the clients trained with the recorded settings. Only
     # round 2's downloads differ: it was the 2-round run's last, which ends with evaluate messages
     # (evaluate-in-fit); the 3-round run's round 2 evaluates in round 3's fit instead.
@@ -419,7 +448,17 @@ def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp
     assert_same_models(load_checkpoint(folder), load_checkpoint(tmp_path / "results" / "straight"))
     info = json.loads((folder / "run.json").read_text())
     assert info["status"] == "finished" and info["resumed"][0]["previous_status"] == "finished"
-    assert (folder / "flower-resume-1.log").is_file()
+    assert (folder / "convergence.png").is_file()
+
+
+def stop_superlink_on(port: int) -> None:
+    """flwr leaves its local SuperLink running: end the one this test's port identifies, and its children."""
+    for process in psutil.process_iter(["cmdline"], ad_value=None):
+        cmdline = process.info["cmdline"] or []
+        if any("flower-superlink" in part for part in cmdline) and str(port) in cmdline:
+            for child in [*process.children(recursive=True), process]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.terminate()
 
 
 def test_a_checkpoint_keeps_every_array_of_a_batchnorm_model_with_its_shape(tmp_path):
