@@ -20,6 +20,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test, as each of Ray's virtual clients trains (the same arithmetic,
+    the same models), and tiny batches' OpenMP threads only wait on each other; restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def _decoded_datasets(tmp_path_factory):
     """One folder of decoded datasets for the whole session (fedcond.datasets keys each copy by its

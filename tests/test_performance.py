@@ -51,15 +51,6 @@ def federated_rounds(method: str, order: list[int], rounds: int = 2) -> list[tup
     return replies
 
 
-@pytest.fixture
-def one_thread():
-    # Tiny batches: OpenMP threads only wait on each other (and on anything else the machine runs).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("method", ["fedavg", "ditto", "local"])
 def test_reusing_models_and_partitions_changes_no_number(method, monkeypatch, one_thread):
     monkeypatch.setenv("FEDCOND_REUSE", "0")

@@ -388,7 +388,7 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
 
 
 @pytest.mark.slow
-def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp_path):
+def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp_path, one_thread):
     """The user's command, on a local SuperLink of its own (own Flower home, free ports, so a SuperLink
     left on flwr's default port by an earlier `make run` changes nothing): the ServerApp and the
     ClientApps read everything from the run config flwr run passes them. The suite's one real
@@ -396,13 +396,9 @@ def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp
     `fedcond stop-superlink` ends this Flower home's SuperLink alone."""
     from fedcond.tools.deploy import free_ports
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as Ray's actors train below: the same arithmetic, the same models
-    try:
-        simulate(small(tmp_path, "fedavg", "straight", **{"num-server-rounds": 3}))
-        simulate(small(tmp_path, "fedavg", "stopped", **{"num-server-rounds": 2}))
-    finally:
-        torch.set_num_threads(threads)
+    # One torch thread (one_thread) in these in-process runs, as Ray's actors train the resumed one.
+    simulate(small(tmp_path, "fedavg", "straight", **{"num-server-rounds": 3}))
+    simulate(small(tmp_path, "fedavg", "stopped", **{"num-server-rounds": 2}))
     http_port, control_port = free_ports(2)
     environment = {
         **os.environ,

@@ -33,10 +33,9 @@ def test_local_training_learns_and_is_reproducible():
 
 
 @pytest.mark.parametrize(("momentum", "proximal"), [(0.9, False), (0.0, False), (0.5, True)])
-def test_momentum_sgd_takes_torch_optim_sgds_steps_bit_for_bit(momentum, proximal):
+def test_momentum_sgd_takes_torch_optim_sgds_steps_bit_for_bit(momentum, proximal, one_thread):
     """fedcond's optimiser replaces torch.optim.SGD (which imports torch._dynamo, seconds per deployed
     fit message): the same weights after the same steps, every bit, momentum carried across calls."""
-    torch.set_num_threads(1)
     images, labels = toy_data(96)
     condition = np.linspace(-1, 1, 4).astype(np.float32)
     settings = TrainSettings(epochs=2, batch_size=16, learning_rate=0.05, momentum=momentum)
