@@ -1,4 +1,4 @@
-"""The `fedcond` command: bad input stops with one line before Flower starts; a real `flwr run`."""
+"""The `fedcond` command: bad input stops with one line before Flower starts (the real `flwr run`: test_resume)."""
 
 from pathlib import Path
 

@@ -448,7 +448,9 @@ def test_fedcond_run_resume_goes_through_flwr_run_with_the_recorded_settings(tmp
 
 
 def stop_superlink_on(port: int) -> None:
-    """flwr leaves its local SuperLink running: end the one this test's port identifies, and its children."""
+    """flwr leaves its local SuperLink running: end the one this test's port identifies, and its children.
+    Found by port, not by fedcond.tools.local_superlink.stop (the code under test): a broken stop
+    must still not leave the SuperLink behind."""
     for process in psutil.process_iter(["cmdline"], ad_value=None):
         cmdline = process.info["cmdline"] or []
         if any("flower-superlink" in part for part in cmdline) and str(port) in cmdline:
