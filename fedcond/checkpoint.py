@@ -1,10 +1,11 @@
 """Checkpoints, and resuming a run from its last finished round in its own folder.
 
-After every round the ServerApp (after every epoch, the pooled protocol) replaces the run's one
-checkpoint, ``checkpoint.pt``: the last finished round, the history so far, the named models the
-server holds (the global model, one per cluster, one per client...) and the plain values it needs
-to go on (the published fingerprint mean and standard deviation, cluster assignments, a pooled
-run's optimiser momentum and batch-order generator). It is written atomically (a temporary file,
+After every round the ServerApp (after every epoch, the pooled protocol; with ``checkpoint-every``
+above 1, every that many rounds and after the last) replaces the run's one checkpoint,
+``checkpoint.pt``: the last finished round, the history so far, the named models the server holds
+(the global model, one per cluster, one per client...) and the plain values it needs to go on (the
+published fingerprint mean and standard deviation, cluster assignments, a pooled run's optimiser
+momentum and batch-order generator). It is written atomically (a temporary file,
 fsync, rename): a run killed at any moment leaves the previous checkpoint or the new one, never
 part of one. The format is ``torch.save`` of plain tensors, numbers, strings, lists and dicts, read
 back with ``weights_only=True``, so loading one runs no pickled code.
@@ -51,9 +52,26 @@ GLOBAL_MODEL = "global"
 RESUME = Option(
     "resume", "", "a run folder to continue from its last finished round, with the settings its run.json records"
 )
+CHECKPOINT_EVERY = Option(
+    "checkpoint-every",
+    1,
+    "save the checkpoint every this many rounds and after the last (a resume goes on from the last one "
+    "saved): for runs of thousands of short rounds with a large server state, where saving it costs more "
+    "than the round",
+    minimum=1,
+)
 #: Settings a resumed run may give differently from the recorded ones: none of them changes a number
 #: the run computes (num-server-rounds only says how far it goes: past the last finished round).
-FREE_ON_RESUME = ("resume", "results-dir", "run-name", "data-dir", "verbose", "node-timeout", "num-server-rounds")
+FREE_ON_RESUME = (
+    "resume", "results-dir", "run-name", "data-dir", "verbose", "node-timeout", "num-server-rounds",
+    CHECKPOINT_EVERY.key,
+)  # fmt: skip
+
+
+def checkpoint_due(config: RunConfig, finished_round: int) -> bool:
+    """Whether the checkpoint is saved after ``finished_round``: every ``checkpoint-every`` rounds
+    and after the last (a finished run's checkpoint is what extending it resumes from)."""
+    return finished_round % CHECKPOINT_EVERY.of(config) == 0 or finished_round >= config.num_server_rounds
 
 
 @dataclass

@@ -42,6 +42,7 @@ from fedcond.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
     check_resume,
+    checkpoint_due,
     resume_folder,
     resumption_note,
     run_info,
@@ -218,13 +219,14 @@ def _train_and_record(
             **Spread.of(evaluations[True], recorder.metric).as_fields("heldout_"),
         )
         recorder.add(record)
-        save_start = time.perf_counter()
-        weights, values = _pooled_state(models)
-        checkpoint_bytes = save_checkpoint(
-            recorder.folder, Checkpoint(round_number, list(recorder.records), weights, values)
-        )
-        saving.append(time.perf_counter() - save_start)
+        if checkpoint_due(config, round_number):
+            save_start = time.perf_counter()
+            weights, values = _pooled_state(models)
+            checkpoint_bytes = save_checkpoint(
+                recorder.folder, Checkpoint(round_number, list(recorder.records), weights, values)
+            )
+            saving.append(time.perf_counter() - save_start)
         if config.verbose:
             print(record.progress_line(config.num_server_rounds, recorder.metric), flush=True)
-    cost = {"file": CHECKPOINT_FILE, "bytes": checkpoint_bytes, "seconds_per_round": statistics.fmean(saving)}
+    cost = {"file": CHECKPOINT_FILE, "bytes": checkpoint_bytes, "seconds_per_save": statistics.fmean(saving)}
     recorder.finish({"checkpoint": cost if saving else None})

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedcond import privacy, secagg_settings
-from fedcond.checkpoint import RESUME
+from fedcond.checkpoint import CHECKPOINT_EVERY, RESUME
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.metrics import PER_CLASS_ACCURACY
@@ -185,7 +185,7 @@ def shared_options() -> tuple[SharedOptions, ...]:
     return (
         *CLIENT_SHARED,
         SharedOptions("privacy", EVERY_METHOD, client_dp.OPTIONS),
-        SharedOptions("resume", "the run", (RESUME,)),
+        SharedOptions("resume", "the run", (RESUME, CHECKPOINT_EVERY)),
     )
 
 

@@ -1,4 +1,4 @@
-"""Flower's own round loop, saving the run's checkpoint after every round and numbering rounds on
+"""Flower's own round loop, saving the run's checkpoint after rounds (``checkpoint_due``) and numbering rounds on
 from the last finished one when a run is resumed; with secure aggregation, SecAgg+'s fit step."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from flwr.common import Parameters, Scalar, parameters_to_ndarrays
 from flwr.server import Server, SimpleClientManager
 
-from fedcond.checkpoint import CHECKPOINT_FILE, GLOBAL_MODEL, Checkpoint, save_checkpoint
+from fedcond.checkpoint import CHECKPOINT_FILE, GLOBAL_MODEL, Checkpoint, checkpoint_due, save_checkpoint
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
 from strategies.base import FedcondStrategy
@@ -81,7 +81,8 @@ class CheckpointingServer(Server):
         number = server_round + self.rounds_before
         result = super().evaluate_round(number, timeout)
         self.fedcond_strategy.end_round(number)
-        self.save_checkpoint(number)  # only after the round's history row: an error above skips it
+        if checkpoint_due(self.fedcond_strategy.inputs.config, number):
+            self.save_checkpoint(number)  # only after the round's history row: an error above skips it
         return result
 
     def save_checkpoint(self, number: int) -> None:
@@ -95,9 +96,9 @@ class CheckpointingServer(Server):
         self.checkpoint_seconds.append(time.perf_counter() - start)
 
     def checkpoint_cost(self) -> dict[str, Any]:
-        """What ``run.json`` says of the checkpoint: its size, and the seconds saving it cost a round."""
+        """What ``run.json`` says of the checkpoint: its size, and the seconds one save cost."""
         return {
             "file": CHECKPOINT_FILE,
             "bytes": self.checkpoint_bytes,
-            "seconds_per_round": statistics.fmean(self.checkpoint_seconds) if self.checkpoint_seconds else None,
+            "seconds_per_save": statistics.fmean(self.checkpoint_seconds) if self.checkpoint_seconds else None,
         }

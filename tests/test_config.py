@@ -18,11 +18,11 @@ def test_pyproject_defaults_are_a_valid_config():
 def test_methods_declare_their_options_and_pyproject_lists_them():
     # Flower accepts only run-config keys the app declares: every method option must be there too.
     keys = {option.key for option in declared_options()}
-    # resume is the run's own setting; node-timeout, min-answered-fraction, round-timeout and evaluate-in-fit
-    # the round protocol's.
+    # resume and checkpoint-every are the run's own settings; node-timeout, min-answered-fraction,
+    # round-timeout and evaluate-in-fit the round protocol's.
     assert keys == {
         "ditto-lambda", "ditto-personal-epochs", "dac-neighbours", "min-answered-fraction", "round-timeout", "resume",
-        "node-timeout", "evaluate-in-fit", "clients-per-round", "evaluate-every",
+        "checkpoint-every", "node-timeout", "evaluate-in-fit", "clients-per-round", "evaluate-every",
         "dp-noise-multiplier", "dp-max-grad-norm", "dp-delta", "fingerprint-epsilon",
         "client-dp", "client-dp-noise-multiplier", "client-dp-clipping-norm",
         "secure-aggregation", "secagg-num-shares", "secagg-reconstruction-threshold", "secagg-clipping-range",

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from fedcond import locks
-from fedcond.checkpoint import RESUME, Checkpoint, check_resume, load_checkpoint, save_checkpoint
+from fedcond.checkpoint import RESUME, Checkpoint, check_resume, checkpoint_due, load_checkpoint, save_checkpoint
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import RUN_LOCK, RoundRecord, RunRecorder, reopen_run, run_status
@@ -58,9 +58,11 @@ def assert_same_models(first: Checkpoint, second: Checkpoint) -> None:
         assert all(np.array_equal(a, b) for a, b in zip(model, second.models[name], strict=True)), name
 
 
-def kill_after_round(config: RunConfig, folder: Path, round_number: int, tmp_path: Path) -> Checkpoint:
+def kill_after_round(
+    config: RunConfig, folder: Path, round_number: int, tmp_path: Path, history_rows: int = 0
+) -> Checkpoint:
     """Run ``config`` in a process of its own and SIGKILL it (and every process it started) as soon
-    as the checkpoint of ``round_number`` exists."""
+    as the checkpoint of ``round_number`` exists and ``history.csv`` has ``history_rows`` rounds."""
     script = (
         "import json, sys\nfrom strategies.registry import run_config\nfrom strategies.simulation import simulate\n"
         # Its ClientApps in it, with this process's torch threads: the same numbers as this test's runs.
@@ -77,7 +79,7 @@ def kill_after_round(config: RunConfig, folder: Path, round_number: int, tmp_pat
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and process.poll() is None:
             checkpoint = load_checkpoint(folder) if folder.is_dir() else None
-            if checkpoint is not None and checkpoint.round >= round_number:
+            if checkpoint is not None and checkpoint.round >= round_number and len(history(folder)) >= history_rows:
                 break
             time.sleep(0.02)
     finally:
@@ -97,7 +99,18 @@ RESUMED_METHODS = {
     "dac": {"num-clusters": 3, "dac-neighbours": 1},
     # The same with every client's model spilled to the run folder: the checkpoint names their files.
     "dac-spilled": {"method": "dac", "num-clusters": 3, "dac-neighbours": 1, "client-models-memory-mb": 0},
+    # Saved after rounds 2 and 4 only, killed once round 3 is in the history: the resumed run does
+    # round 3 again from round 2's checkpoint, whose spilled files round 3 must not have removed.
+    "dac-spilled-checkpoint-every-2": {
+        "method": "dac",
+        "num-clusters": 3,
+        "dac-neighbours": 1,
+        "client-models-memory-mb": 0,
+        "checkpoint-every": 2,
+    },
 }
+#: Rounds the history must hold before the kill (default: the checkpointed round's).
+KILLED_AFTER_HISTORY_ROWS = {"dac-spilled-checkpoint-every-2": 3}
 
 
 def spilled_models(folder: Path) -> dict[str, list[np.ndarray]]:
@@ -119,9 +132,12 @@ def test_a_run_killed_after_round_2_and_resumed_equals_the_uninterrupted_run(tmp
     method = str(settings.pop("method", label))
     simulate(small(tmp_path, method, "straight", **settings))
     folder = tmp_path / "results" / "killed"
-    stopped = kill_after_round(small(tmp_path, method, "killed", **settings), folder, 2, tmp_path)
+    rows = KILLED_AFTER_HISTORY_ROWS.get(label, 0)
+    stopped = kill_after_round(small(tmp_path, method, "killed", **settings), folder, 2, tmp_path, rows)
     # Killed for real: no round 4, and run.json was left saying "running", as a killed process leaves it.
     assert 2 <= stopped.round < 4 and run_status(folder) == "running"
+    if rows:  # the history went past the last checkpoint: the rounds since are done again
+        assert stopped.round == 2 and len(history(folder)) >= rows
     assert locks.holder_of(folder / RUN_LOCK) is None  # the kernel let go of a dead process's lock
 
     simulate(RESUME.set(small(tmp_path, method, "killed", **settings), str(folder)))
@@ -137,7 +153,13 @@ def test_a_run_killed_after_round_2_and_resumed_equals_the_uninterrupted_run(tmp
     assert resumed["from_round"] == stopped.round + 1 and resumed["previous_status"] == "running"
     assert resumed["restarted_on_clients"] is None  # nothing of these methods lives on the clients
     assert "resume" not in info["config"]  # run.json names no path of this machine
-    assert info["checkpoint"]["bytes"] > 0 and info["checkpoint"]["seconds_per_round"] > 0
+    assert info["checkpoint"]["bytes"] > 0 and info["checkpoint"]["seconds_per_save"] > 0
+
+
+def test_checkpoint_every_saves_every_that_many_rounds_and_after_the_last(tmp_path):
+    config = small(tmp_path, "fedavg", "every-3", **{"num-server-rounds": 7, "checkpoint-every": 3})
+    assert [r for r in range(1, 8) if checkpoint_due(config, r)] == [3, 6, 7]
+    assert all(checkpoint_due(small(tmp_path, "fedavg", "every-1"), r) for r in range(1, 5))
 
 
 def checkpointed_run(tmp_path: Path, done: int = 2, finished: bool = False) -> tuple[Path, RunConfig]:
