@@ -115,6 +115,18 @@ def test_rerun_skips_finished_runs_and_redoes_interrupted_ones(tmp_path):
     assert sorted((c.method, c.seed) for c in third.calls) == [("conditional", 2), ("fedavg", 2)]
 
 
+def test_how_often_a_sweep_saves_checkpoints_may_change_in_its_folder_and_redoes_no_run(tmp_path):
+    run_experiment(small_experiment(), default_config(), tmp_path, FakeRunner(), io.StringIO())
+    later = small_experiment()
+    later.settings["checkpoint-every"] = 250  # how a run saves, not what it computes
+    again = FakeRunner()
+    run_experiment(later, default_config(), tmp_path, again, io.StringIO())
+    assert again.calls == []
+    later.settings["learning-rate"] = 0.05
+    with pytest.raises(FedcondError, match="changed: learning-rate"):
+        run_experiment(later, default_config(), tmp_path, again, io.StringIO())
+
+
 @pytest.mark.parametrize(("planned", "skipped"), [({}, True), ({"channels-last": True}, False)])
 def test_a_run_finished_before_a_setting_existed_counts_as_run_at_its_default(tmp_path, planned, skipped):
     """A sweep resumed after an upgrade that added settings (channels-last, clients-per-round, ...)

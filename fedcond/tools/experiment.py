@@ -61,8 +61,10 @@ OPTIONAL_METRIC_COLUMNS = (
     "heldout_accuracy", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out", *SPREAD_COLUMNS,
     "heldout_adapted_accuracy", "drifted_accuracy",
 )  # fmt: skip
-# Settings that say where a run lives, how chatty it is or where it resumes from, not what it computes.
-PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir", "resume")
+# Settings that say where a run lives, how chatty it is, where it resumes from or how often it saves
+# its checkpoint (fedcond.checkpoint's CHECKPOINT_EVERY, named here without importing torch), not
+# what it computes: a sweep may change them in a folder of finished runs.
+PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir", "resume", "checkpoint-every")
 EXPERIMENT_FILE = "experiment.json"
 # Held by the compare or sweep working in the folder (``experiment_lock``).
 LOCK_FILE = ".fedcond.lock"
@@ -569,7 +571,9 @@ def record_experiment(experiment: Experiment, out: Path) -> None:
             merged = [by_label.get(axis_label(value), value) for value in values]
             data["axes"][axis] = [*merged, *(value for value in new if value not in merged)]
         before, now = existing.get("settings", {}), data["settings"]
-        differing = sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
+        differing = sorted(
+            key for key in before.keys() | now.keys() if before.get(key) != now.get(key) and key not in PLACEMENT_KEYS
+        )
         if differing or existing.get("kind") != data["kind"]:
             changed = ", ".join(differing) or f"a {existing.get('kind')}, not a {data['kind']}"
             raise FedcondError(
