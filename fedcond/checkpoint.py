@@ -42,30 +42,12 @@ import torch
 from fedcond import locks
 from fedcond.config import Option, RunConfig, canonical_record
 from fedcond.errors import FedcondError
-from fedcond.history import PATH_KEYS, RUN_LOCK, RoundRecord, results_base
+from fedcond.history import CHECKPOINT_EVERY, FREE_ON_RESUME, PATH_KEYS, RESUME, RUN_LOCK, RoundRecord, results_base
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT_VERSION = 1
 #: The name of the global model Flower passes around, among a checkpoint's models.
 GLOBAL_MODEL = "global"
-
-RESUME = Option(
-    "resume", "", "a run folder to continue from its last finished round, with the settings its run.json records"
-)
-CHECKPOINT_EVERY = Option(
-    "checkpoint-every",
-    1,
-    "save the checkpoint every this many rounds and after the last (a resume goes on from the last one "
-    "saved): for runs of thousands of short rounds with a large server state, where saving it costs more "
-    "than the round",
-    minimum=1,
-)
-#: Settings a resumed run may give differently from the recorded ones: none of them changes a number
-#: the run computes (num-server-rounds only says how far it goes: past the last finished round).
-FREE_ON_RESUME = (
-    "resume", "results-dir", "run-name", "data-dir", "verbose", "node-timeout", "num-server-rounds",
-    CHECKPOINT_EVERY.key,
-)  # fmt: skip
 
 
 def checkpoint_due(config: RunConfig, finished_round: int) -> bool:

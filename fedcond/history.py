@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedcond import locks
-from fedcond.config import RunConfig
+from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 
 HISTORY_COLUMNS = (
@@ -180,8 +180,27 @@ def run_status(folder: Path) -> str:
 
 # Settings holding paths: run.json records them relative to the run's folder, never this machine's.
 PATH_KEYS = ("results-dir", "data-dir")
+# Resuming a run (fedcond.checkpoint): the settings are here, beside the run folder they name, so
+# that the tools may name them without importing torch.
+RESUME = Option(
+    "resume", "", "a run folder to continue from its last finished round, with the settings its run.json records"
+)
+CHECKPOINT_EVERY = Option(
+    "checkpoint-every",
+    1,
+    "save the checkpoint every this many rounds and after the last (a resume goes on from the last one "
+    "saved): for runs of thousands of short rounds with a large server state, where saving it costs more "
+    "than the round",
+    minimum=1,
+)
+#: Settings a resumed run may give differently from the recorded ones: none of them changes a number
+#: the run computes (num-server-rounds only says how far it goes: past the last finished round).
+FREE_ON_RESUME = (
+    "resume", "results-dir", "run-name", "data-dir", "verbose", "node-timeout", "num-server-rounds",
+    CHECKPOINT_EVERY.key,
+)  # fmt: skip
 # How a run was started, not what it computes: run.json records resumes apart ("resumed").
-UNRECORDED_KEYS = ("resume",)
+UNRECORDED_KEYS = (RESUME.key,)
 #: Where a run that failed with an unexpected exception (not a ``FedcondError``) keeps its traceback.
 TRACEBACK_FILE = "traceback.txt"
 # Held by the process running the run in a folder (a resume of a run still going is refused).

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedcond import privacy, secagg_settings
-from fedcond.checkpoint import CHECKPOINT_EVERY, RESUME
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
+from fedcond.history import CHECKPOINT_EVERY, RESUME
 from fedcond.metrics import PER_CLASS_ACCURACY
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.pooled import POOLED_METHODS

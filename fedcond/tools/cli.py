@@ -20,10 +20,9 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fedcond.checkpoint import RESUME
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import run_status
+from fedcond.history import RESUME, run_status
 from fedcond.scenarios import forget_loaded_data
 from fedcond.tools import deploy, local_superlink
 from fedcond.tools.experiment import (

@@ -30,6 +30,8 @@ from fedcond import locks
 from fedcond.config import RunConfig, canonical_record, value_before_it_existed
 from fedcond.errors import FedcondError
 from fedcond.history import (
+    CHECKPOINT_EVERY,
+    RESUME,
     RUN_LOCK,
     SCORE,
     SPREAD_COLUMNS,
@@ -62,9 +64,8 @@ OPTIONAL_METRIC_COLUMNS = (
     "heldout_adapted_accuracy", "drifted_accuracy",
 )  # fmt: skip
 # Settings that say where a run lives, how chatty it is, where it resumes from or how often it saves
-# its checkpoint (fedcond.checkpoint's CHECKPOINT_EVERY, named here without importing torch), not
-# what it computes: a sweep may change them in a folder of finished runs.
-PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir", "resume", "checkpoint-every")
+# its checkpoint, not what it computes: a sweep may change them in a folder of finished runs.
+PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir", RESUME.key, CHECKPOINT_EVERY.key)
 EXPERIMENT_FILE = "experiment.json"
 # Held by the compare or sweep working in the folder (``experiment_lock``).
 LOCK_FILE = ".fedcond.lock"
@@ -359,7 +360,7 @@ def prepare_folder(run: PlannedRun, runs_dir: Path, stream: TextIO) -> PlannedRu
     *different* settings is an error rather than something to mix in silently; so is a folder that
     another process is running a run in.
     """
-    from fedcond.checkpoint import RESUME, check_resume, checkpoint_path
+    from fedcond.checkpoint import check_resume, checkpoint_path
     from strategies.registry import get_method
 
     folder = runs_dir / run.name
