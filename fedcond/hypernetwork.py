@@ -8,8 +8,13 @@ paper's: an MLP of ``hidden_layers`` layers of ``hidden`` units (3 x 100) and on
 weight tensor of the target model; the server's optimiser the paper's SGD (momentum 0.9, weight
 decay 1e-3); the gradient norm clipped at 50, as the authors' code does.
 
-Only the target's floating-point arrays are generated; the rest (batch norm's integer step counter)
-stay as the initial model holds them. Core code: no Flower (strategies/pfedhn.py adapts it).
+Only the target's parameters are generated. Its buffers (batch norm's running mean and variance and
+its step counter) are statistics of the data, not weights a loss gradient moves: generated and
+stepped along a client's change of them (as parameters are), a linear head drove a running variance
+negative and every evaluation NaN (CIFAR-10, round 3 of the published check, docs/baselines.md).
+Each client is served the buffers it returned last (the initial model's before it has trained), a
+client without a model of its own (a newcomer) their mean over the clients that have trained.
+Core code: no Flower (strategies/pfedhn.py adapts it).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
+
+from fedcond.models import get_weights
 
 GRADIENT_CLIP = 50.0
 #: The heads' initial weights, scaled down from PyTorch's default (and their bias the seeded model):
@@ -30,14 +37,20 @@ Model = list[np.ndarray]
 
 
 class HyperNetwork(nn.Module):
-    """Client embeddings and the MLP that maps one to the weights of a model like ``template``."""
+    """Client embeddings and the MLP that maps one to the parameters of a model like ``target``."""
 
-    def __init__(self, template: Model, num_clients: int, embedding_dim: int, hidden: int = 100,
+    def __init__(self, target: nn.Module, num_clients: int, embedding_dim: int, hidden: int = 100,
                  hidden_layers: int = 3, seed: int = 0) -> None:  # fmt: skip
         super().__init__()
         torch.manual_seed(seed)
-        self.template = [np.array(array, copy=True) for array in template]
-        self.generated = [i for i, array in enumerate(template) if np.issubdtype(array.dtype, np.floating)]
+        parameters = {name for name, _ in target.named_parameters()}
+        names = list(target.state_dict())
+        self.template = template = get_weights(target)
+        #: The indices (in ``get_weights`` order) of the target's parameters: what is generated.
+        self.generated = [i for i, name in enumerate(names) if name in parameters]
+        #: The buffers' indices, and each client's buffers as it last returned them.
+        self.buffers = [i for i in range(len(names)) if i not in self.generated]
+        self.client_buffers: dict[int, Model] = {}
         self.embeddings = nn.Embedding(num_clients, embedding_dim)
         layers: list[nn.Module] = [nn.Linear(embedding_dim, hidden)]
         for _ in range(hidden_layers - 1):
@@ -59,15 +72,38 @@ class HyperNetwork(nn.Module):
         return weights.mean(dim=0) if client is None else weights[client]
 
     def weights_for(self, client: int | None) -> Model:
-        """The model the hypernetwork generates for ``client`` (None: from the mean embedding)."""
-        return self.weights_from(self.embedding(client))
+        """The model the hypernetwork generates for ``client``, with its last returned buffers (None:
+        from the mean embedding, with the clients' mean buffers)."""
+        return self.weights_from(self.embedding(client), self.buffers_of(client))
+
+    def buffers_of(self, client: int | None) -> Model:
+        """``client``'s buffers as it last returned them (the initial model's before that); None: the
+        mean of every client's (integer ones, batch norm's step counter, as the initial model's)."""
+        initial = [self.template[i] for i in self.buffers]
+        if client is not None:
+            return self.client_buffers.get(client, initial)
+        if not self.client_buffers:
+            return initial
+        returned = list(self.client_buffers.values())
+        return [np.mean([model[k] for model in returned], axis=0).astype(self.template[i].dtype)
+                if np.issubdtype(self.template[i].dtype, np.floating) else self.template[i]
+                for k, i in enumerate(self.buffers)]  # fmt: skip
+
+    def keep_buffers(self, client: int, returned: Model) -> None:
+        """Serve ``client`` the buffers of the model it returned from now on."""
+        self.client_buffers[client] = self.returned_buffers(returned)
+
+    def returned_buffers(self, returned: Model) -> Model:
+        return [np.array(returned[i], copy=True) for i in self.buffers]
 
     @torch.no_grad()
-    def weights_from(self, embedding: torch.Tensor) -> Model:
-        """The model the hypernetwork generates from ``embedding``."""
-        model = [np.array(array, copy=True) for array in self.template]
+    def weights_from(self, embedding: torch.Tensor, buffers: Model) -> Model:
+        """The model the hypernetwork generates from ``embedding``, with ``buffers``."""
+        model: Model = [np.empty(0)] * len(self.template)
         for i, tensor in zip(self.generated, self(embedding), strict=True):
             model[i] = tensor.numpy().astype(self.template[i].dtype)
+        for i, array in zip(self.buffers, buffers, strict=True):
+            model[i] = np.array(array, copy=True)
         return model
 
     def update_surrogate(self, embedding: torch.Tensor, sent: Model, returned: Model) -> torch.Tensor:
@@ -92,6 +128,7 @@ class HyperNetworkTrainer:
         self.net.update_surrogate(self.net.embedding(client), sent, returned).backward()
         nn.utils.clip_grad_norm_(self.net.parameters(), GRADIENT_CLIP)
         self.optimizer.step()
+        self.net.keep_buffers(client, returned)
 
     def state(self) -> tuple[Model, Model]:
         """The hypernetwork's parameters and the optimiser's momentum, as arrays (a checkpoint)."""
@@ -120,12 +157,15 @@ class NewcomerEmbedding:
         self.net = net
         self.embedding = nn.Parameter(net.embedding(None).detach().clone())
         self.optimizer = torch.optim.SGD([self.embedding], lr=learning_rate, momentum=MOMENTUM)
+        #: The training clients' mean buffers, then the newcomer's own as it last returned them.
+        self.buffers = net.buffers_of(None)
 
     def weights(self) -> Model:
-        return self.net.weights_from(self.embedding.detach())
+        return self.net.weights_from(self.embedding.detach(), self.buffers)
 
     def step(self, sent: Model, returned: Model) -> None:
         """Move the embedding alone along (grad_v theta)^T (theta_sent - theta_returned)."""
         (gradient,) = torch.autograd.grad(self.net.update_surrogate(self.embedding, sent, returned), [self.embedding])
         self.embedding.grad = gradient * min(1.0, GRADIENT_CLIP / max(float(gradient.norm()), 1e-12))
         self.optimizer.step()
+        self.buffers = self.net.returned_buffers(returned)

@@ -44,14 +44,17 @@ from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
 from fedcond.messages import NEWCOMER_STEP, STEP, STEP_NEWCOMER_EMBEDDING, WITH_ADAPTED_MODEL
+from fedcond.models import build_run_model
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.participation import EVALUATE
 from fedcond.privacy import DP_NOISE_MULTIPLIER
-from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
+from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.federation import message_timeout
 from strategies.membership import PartitionProxy
 from strategies.round_tracking import answered_replies, parameters_bytes
 
+#: A checkpoint's name of a client's batch-norm statistics, before its partition id.
+CLIENT_BUFFERS = "hypernetwork-buffers-"
 #: The stage a newcomer's embedding steps are reported under (run.json's failures).
 NEWCOMER_EMBEDDING = "newcomer embedding"
 
@@ -90,7 +93,8 @@ class PFedHNStrategy(FedcondStrategy):
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs)
         config = inputs.config
-        net = HyperNetwork(initial_weights(inputs), config.num_training_clients, PFEDHN_EMBEDDING_DIM.of(config),
+        target = build_run_model(config, inputs.num_classes, inputs.conditioned)
+        net = HyperNetwork(target, config.num_training_clients, PFEDHN_EMBEDDING_DIM.of(config),
                            PFEDHN_HIDDEN.of(config), seed=config.seed)  # fmt: skip
         self.trainer = HyperNetworkTrainer(net, PFEDHN_LR.of(config))
         #: What each client of the current round was sent (its update is measured from it).
@@ -164,8 +168,11 @@ class PFedHNStrategy(FedcondStrategy):
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()
         parameters, momentum = self.trainer.state()
-        return {**models, "hypernetwork": parameters, "hypernetwork-momentum": momentum}, values
+        buffers = {f"{CLIENT_BUFFERS}{pid}": model for pid, model in self.trainer.net.client_buffers.items()}
+        return {**models, "hypernetwork": parameters, "hypernetwork-momentum": momentum, **buffers}, values
 
     def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
         super().load_state(models, values)
         self.trainer.load_state(models["hypernetwork"], models["hypernetwork-momentum"])
+        saved = {name: model for name, model in models.items() if name.startswith(CLIENT_BUFFERS)}
+        self.trainer.net.client_buffers = {int(name.removeprefix(CLIENT_BUFFERS)): m for name, m in saved.items()}

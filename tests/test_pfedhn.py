@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from flwr.common import parameters_to_ndarrays
 
 from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
+from fedcond.models import get_weights
 from tests.test_method_rules import reply, strategy_for
 
 
@@ -17,22 +19,55 @@ def distance(first: list[np.ndarray], second: list[np.ndarray]) -> float:
     return float(np.sqrt(sum(np.sum((a.astype(np.float64) - b) ** 2) for a, b in zip(first, second, strict=True))))
 
 
+def target():
+    """A linear layer and a batch norm: 4 parameters and 3 buffers (mean, variance, step counter)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    model[1].num_batches_tracked.fill_(7)
+    return model
+
+
 def template() -> list[np.ndarray]:
-    rng = np.random.default_rng(0)
-    return [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=5).astype(np.float32), np.array(7, np.int64)]
+    return get_weights(target())
+
+
+RUNNING_MEAN, RUNNING_VAR, STEP_COUNTER = 4, 5, 6  # their places in get_weights' order
 
 
 def test_each_client_gets_its_own_model_of_the_targets_shapes_and_integers_stay():
-    net = HyperNetwork(template(), num_clients=3, embedding_dim=2, hidden=8)
+    net = HyperNetwork(target(), num_clients=3, embedding_dim=2, hidden=8)
     models = [net.weights_for(client) for client in (0, 1, None)]
     for model in models:
-        assert [a.shape for a in model] == [a.shape for a in template()] and model[2] == 7
+        assert [a.shape for a in model] == [a.shape for a in template()] and model[STEP_COUNTER] == 7
         assert [a.dtype for a in model] == [a.dtype for a in template()]
     assert distance(models[0], models[1]) > 0  # two embeddings, two models
 
 
+def test_batch_norm_statistics_are_not_generated_a_client_gets_the_ones_it_returned_a_newcomer_their_mean():
+    """Generated and stepped like weights, a running variance went negative (CIFAR-10's NaN)."""
+    net = HyperNetwork(target(), num_clients=3, embedding_dim=2, hidden=8)
+    assert len(net.heads) == 4  # the parameters only
+    trainer = HyperNetworkTrainer(net, learning_rate=0.01)
+    initial = template()
+    for client, variance in ((0, 0.5), (1, 2.5)):
+        returned = [np.array(array, copy=True) for array in net.weights_for(client)]
+        returned[RUNNING_MEAN] += 1.0
+        returned[RUNNING_VAR] = np.full(4, variance, np.float32)
+        returned[STEP_COUNTER] = np.array(9)
+        trainer.step(client, net.weights_for(client), returned)
+        assert np.array_equal(net.weights_for(client)[RUNNING_VAR], returned[RUNNING_VAR])
+        assert net.weights_for(client)[STEP_COUNTER] == 9
+    assert np.array_equal(net.weights_for(2)[RUNNING_VAR], initial[RUNNING_VAR])  # not trained yet
+    newcomer = net.weights_for(None)
+    assert np.allclose(newcomer[RUNNING_VAR], 1.5) and np.allclose(newcomer[RUNNING_MEAN], initial[RUNNING_MEAN] + 1)
+    assert newcomer[STEP_COUNTER] == 7  # an integer buffer is the initial model's
+    assert np.array_equal(NewcomerEmbedding(net, learning_rate=0.1).weights()[RUNNING_VAR], newcomer[RUNNING_VAR])
+
+
 def test_the_servers_step_moves_the_clients_generated_model_towards_what_it_returned():
-    net = HyperNetwork(template(), num_clients=3, embedding_dim=2, hidden=8)
+    net = HyperNetwork(target(), num_clients=3, embedding_dim=2, hidden=8)
     trainer = HyperNetworkTrainer(net, learning_rate=0.01)
     sent = net.weights_for(0)
     returned = [array + 0.5 if array.dtype.kind == "f" else array for array in sent]
@@ -54,9 +89,7 @@ def test_the_strategy_serves_participants_their_model_and_a_newcomer_the_mean_em
 
 
 def test_a_newcomers_step_moves_its_own_embeddings_model_towards_what_it_returned_and_nothing_else():
-    import torch
-
-    net = HyperNetwork(template(), num_clients=3, embedding_dim=2, hidden=8)
+    net = HyperNetwork(target(), num_clients=3, embedding_dim=2, hidden=8)
     with torch.no_grad():  # heads as a trained hypernetwork's, whose models depend on the embedding
         for head in net.heads:
             head.weight.mul_(100.0)
@@ -64,10 +97,14 @@ def test_a_newcomers_step_moves_its_own_embeddings_model_towards_what_it_returne
     newcomer = NewcomerEmbedding(net, learning_rate=0.1)
     start = newcomer.weights()
     assert distance(start, net.weights_for(None)) == 0  # it starts at the mean embedding
-    target = [array + 0.5 if array.dtype.kind == "f" else array for array in start]
+    wanted = [array + 0.5 if array.dtype.kind == "f" else array for array in start]
     for _ in range(3):
-        newcomer.step(newcomer.weights(), target)
-    assert distance(newcomer.weights(), target) < distance(start, target)
+        newcomer.step(newcomer.weights(), wanted)
+
+    def generated(model: list[np.ndarray]) -> list[np.ndarray]:
+        return [model[i] for i in net.generated]
+
+    assert distance(generated(newcomer.weights()), generated(wanted)) < distance(generated(start), generated(wanted))
     assert all(torch.equal(p, before) for p, before in zip(net.parameters(), frozen, strict=True))
     assert all(p.grad is None or not p.grad.any() for p in net.parameters())
 
@@ -107,6 +144,25 @@ def test_the_hypernetwork_and_its_momentum_survive_a_checkpoint():
         again = parameters_to_ndarrays(strategy.fit_parameters(2, None))
         strategy.combine(2, [(2, reply([a * 0.5 for a in again], 10))])
     assert distance(first.trainer.net.weights_for(2), second.trainer.net.weights_for(2)) == pytest.approx(0)
+
+
+def test_each_clients_batch_norm_statistics_survive_a_checkpoint(tmp_path):
+    from fedcond.config import RunConfig
+    from fedcond.scenarios import scenario_for
+    from strategies.base import StrategyInputs
+    from strategies.pfedhn import PFedHNStrategy
+    from tests.test_cifar import write_cifar10_folder
+
+    write_cifar10_folder(tmp_path / "cifar10-jpeg")  # fedcond's CIFAR CNN has batch norm
+    config = RunConfig(method="pfedhn", dataset="cifar10", clients_per_cluster=2, data_dir=str(tmp_path))
+    inputs = StrategyInputs(config, 10, False, None, scenario=scenario_for(config))
+    first, second = PFedHNStrategy(inputs), PFedHNStrategy(inputs)
+    sent = first.trainer.net.weights_for(1)
+    returned = [array * 0.5 if array.dtype.kind == "f" else array for array in sent]
+    first.trainer.step(1, sent, returned)
+    second.load_state(*first.state())
+    assert distance(second.trainer.net.weights_for(1), first.trainer.net.weights_for(1)) == 0
+    assert distance(second.trainer.net.weights_for(None), first.trainer.net.weights_for(None)) == 0
 
 
 def test_an_embedding_of_size_0_and_dp_sgd_with_newcomer_steps_are_refused_in_one_line():
