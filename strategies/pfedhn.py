@@ -26,6 +26,10 @@ Where fedcond deviates, and why:
   many clients a round that diverges: 50 clients of pFedHN's own MNIST setting diverged at 0.01 and
   at 0.002, where 2 sampled clients a round (``clients-per-round=2``) at the paper's 0.01 train
   (docs/baselines.md, the published check).
+- Only the target's parameters are generated. fedcond's CIFAR CNN has batch norm (the paper's LeNet
+  has none): each client is served the running statistics it returned last, a newcomer their mean
+  (``fedcond.hypernetwork``). Generated like weights, a running variance went negative and every
+  CIFAR-10 evaluation NaN (docs/baselines.md).
 - The embedding size is a setting (``pfedhn-embedding-dim``, 13: the paper's 1 + N/4 for its 50
   clients), not derived from the number of clients.
 """
