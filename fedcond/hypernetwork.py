@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedcond.aggregation import uniform_average
 from fedcond.models import get_weights
 
 GRADIENT_CLIP = 50.0
@@ -84,10 +85,9 @@ class HyperNetwork(nn.Module):
             return self.client_buffers.get(client, initial)
         if not self.client_buffers:
             return initial
-        returned = list(self.client_buffers.values())
-        return [np.mean([model[k] for model in returned], axis=0).astype(self.template[i].dtype)
-                if np.issubdtype(self.template[i].dtype, np.floating) else self.template[i]
-                for k, i in enumerate(self.buffers)]  # fmt: skip
+        mean = uniform_average(list(self.client_buffers.values()))
+        return [array if np.issubdtype(array.dtype, np.floating) else self.template[i]
+                for array, i in zip(mean, self.buffers, strict=True)]  # fmt: skip
 
     def keep_buffers(self, client: int, returned: Model) -> None:
         """Serve ``client`` the buffers of the model it returned from now on."""
