@@ -196,8 +196,7 @@ CHECKPOINT_EVERY = Option(
 #: Settings a resumed run may give differently from the recorded ones: none of them changes a number
 #: the run computes (num-server-rounds only says how far it goes: past the last finished round).
 FREE_ON_RESUME = (
-    "resume", "results-dir", "run-name", "data-dir", "verbose", "node-timeout", "num-server-rounds",
-    CHECKPOINT_EVERY.key,
+    RESUME.key, *PATH_KEYS, "run-name", "verbose", "node-timeout", "num-server-rounds", CHECKPOINT_EVERY.key,
 )  # fmt: skip
 # How a run was started, not what it computes: run.json records resumes apart ("resumed").
 UNRECORDED_KEYS = (RESUME.key,)

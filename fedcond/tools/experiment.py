@@ -31,6 +31,7 @@ from fedcond.config import RunConfig, canonical_record, value_before_it_existed
 from fedcond.errors import FedcondError
 from fedcond.history import (
     CHECKPOINT_EVERY,
+    PATH_KEYS,
     RESUME,
     RUN_LOCK,
     SCORE,
@@ -65,7 +66,7 @@ OPTIONAL_METRIC_COLUMNS = (
 )  # fmt: skip
 # Settings that say where a run lives, how chatty it is, where it resumes from or how often it saves
 # its checkpoint, not what it computes: a sweep may change them in a folder of finished runs.
-PLACEMENT_KEYS = ("results-dir", "run-name", "verbose", "data-dir", RESUME.key, CHECKPOINT_EVERY.key)
+PLACEMENT_KEYS = (*PATH_KEYS, "run-name", "verbose", RESUME.key, CHECKPOINT_EVERY.key)
 EXPERIMENT_FILE = "experiment.json"
 # Held by the compare or sweep working in the folder (``experiment_lock``).
 LOCK_FILE = ".fedcond.lock"
