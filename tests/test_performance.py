@@ -203,3 +203,21 @@ def test_an_actor_gets_as_many_torch_threads_as_ray_gave_it_cpus(monkeypatch):
     finally:
         threads_for_this_actor.cache_clear()
         torch.set_num_threads(before)
+
+
+def test_the_cuda_check_repeats_a_recorded_run_to_its_accuracy_and_refuses_what_it_cannot_repeat(tmp_path):
+    """benchmarks/cuda_methods.py --rerun: a run repeated from its run.json in this process (no Ray)
+    gives the accuracy it recorded (same device: bit-identical), so a GPU's difference is the GPU's."""
+    import json
+
+    check = load_script("benchmarks/cuda_methods.py")
+    first = check.run_once({**check.SMOKE, "method": "fedavg", "num-server-rounds": 1}, tmp_path, "first")
+    again = check.run_once(check.rerun_settings(tmp_path / "first"), tmp_path / "again", "first")
+    assert again["accuracy"] == first["accuracy"] and again["gpu_mib"] == 0
+    recorded = json.loads((tmp_path / "first" / "run.json").read_text())
+    recorded["config"].update(method="conditional", normalisation="federated")
+    (tmp_path / "first" / "run.json").write_text(json.dumps(recorded))
+    with pytest.raises(SystemExit, match="normalisation=federated needs SecAgg"):
+        check.rerun_settings(tmp_path / "first")
+    with pytest.raises(SystemExit, match="holds no run.json"):
+        check.rerun_settings(tmp_path)
