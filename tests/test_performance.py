@@ -219,5 +219,5 @@ def test_the_cuda_check_repeats_a_recorded_run_to_its_accuracy_and_refuses_what_
     (tmp_path / "first" / "run.json").write_text(json.dumps(recorded))
     with pytest.raises(SystemExit, match="normalisation=federated needs SecAgg"):
         check.rerun_settings(tmp_path / "first")
-    with pytest.raises(SystemExit, match="holds no run.json"):
+    with pytest.raises(SystemExit, match=r"holds no run\.json"):
         check.rerun_settings(tmp_path)
