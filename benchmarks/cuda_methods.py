@@ -22,7 +22,6 @@ Ray's start never enters the timings. Without it, no SecAgg+ (see that module). 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -34,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from fedcond.history import dataset_metric
 from fedcond.pooled import run_pooled
+from fedcond.tools.experiment import read_history
 from fedcond.training import pick_device
 from strategies.registry import get_method, registry, run_config
 from tests.in_process import run_in_process
@@ -48,9 +49,9 @@ EXTRA = (
 )
 
 
-def final_row(folder: Path) -> dict[str, str]:
-    with open(folder / "history.csv") as handle:
-        return list(csv.DictReader(handle))[-1]
+def final_row(folder: Path, dataset: str) -> dict[str, str]:
+    """The run's last round, its score under ``accuracy`` (a regression task's rmse included)."""
+    return read_history(folder / "history.csv", dataset_metric(dataset))[-1]
 
 
 def run_once(settings: dict, out: Path, name: str) -> dict:
@@ -64,7 +65,7 @@ def run_once(settings: dict, out: Path, name: str) -> dict:
     else:
         recorder, _ = run_in_process(config)
     seconds = time.perf_counter() - start
-    row = final_row(Path(recorder.folder))
+    row = final_row(Path(recorder.folder), config.dataset)
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     return {"accuracy": float(row["accuracy"]), "seconds": seconds, "gpu_mib": peak / 2**20}
 
@@ -130,7 +131,7 @@ def rerun_settings(folder: Path) -> dict:
     return {**settings, "verbose": False, "data-dir": ""}
 
 
-def rerun_report(folders: list[Path], out: Path) -> list[str]:
+def rerun_report(reruns: dict[Path, dict], out: Path) -> list[str]:
     device = pick_device()
     lines = [
         f"## Committed runs again on `{device}`, in this process (no Ray)",
@@ -138,9 +139,9 @@ def rerun_report(folders: list[Path], out: Path) -> list[str]:
         "| run | committed accuracy | here | committed s | here s | GPU MiB |",
         "|---|---|---|---|---|---|",
     ]
-    for folder in folders:
-        committed = final_row(folder)
-        here = run_once(rerun_settings(folder), out / "rerun", folder.name)
+    for folder, settings in reruns.items():
+        committed = final_row(folder, settings["dataset"])
+        here = run_once(settings, out / "rerun", folder.name)
         committed_seconds = float(committed["elapsed_seconds"])
         lines.append(
             f"| {folder.name} | {float(committed['accuracy']):.4f} | {here['accuracy']:.4f} | "
@@ -160,8 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     if not (args.smoke or args.smoke_child or args.rerun):
         parser.error("nothing to do: give --smoke and/or --rerun RUN_FOLDER")
-    for folder in args.rerun:  # every folder checked before anything runs
-        rerun_settings(folder)
+    reruns = {folder: rerun_settings(folder) for folder in args.rerun}  # every folder checked before anything runs
     args.out.mkdir(parents=True, exist_ok=True)
     if args.smoke_child:
         (args.out / "cpu.json").write_text(json.dumps(smoke(args.rounds, args.out, "cpu")))
@@ -169,8 +169,8 @@ def main() -> None:
     lines = [f"# fedcond on {pick_device()}: torch {torch.__version__}", ""]
     if args.smoke:
         lines += [*smoke_report(args.rounds, args.out), ""]
-    if args.rerun:
-        lines += rerun_report(args.rerun, args.out)
+    if reruns:
+        lines += rerun_report(reruns, args.out)
     report = "\n".join(lines) + "\n"
     (args.out / "cuda_methods.md").write_text(report)
     print(report)

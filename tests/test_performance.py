@@ -213,7 +213,8 @@ def test_the_cuda_check_repeats_a_recorded_run_to_its_accuracy_and_refuses_what_
     check = load_script("benchmarks/cuda_methods.py")
     first = check.run_once({**check.SMOKE, "method": "fedavg", "num-server-rounds": 1}, tmp_path, "first")
     again = check.run_once(check.rerun_settings(tmp_path / "first"), tmp_path / "again", "first")
-    assert again["accuracy"] == first["accuracy"] and again["gpu_mib"] == 0
+    assert again["accuracy"] == first["accuracy"]
+    assert (again["gpu_mib"] > 0) == torch.cuda.is_available()  # it trained where fedcond picked
     recorded = json.loads((tmp_path / "first" / "run.json").read_text())
     recorded["config"].update(method="conditional", normalisation="federated")
     (tmp_path / "first" / "run.json").write_text(json.dumps(recorded))
