@@ -6,14 +6,14 @@
 ``--smoke`` runs every registered method (the paper's eight, the competitors, the pooled references,
 the ``recommended`` variant) and two cross-cutting paths (sample-level DP-SGD through Opacus, and a
 held-out newcomer) on digits E1 K=2 with 3 clients per cluster, once with the device fedcond picks
-(``fedcond.training.pick_device``) and once in a child process that sees no GPU
+(``fedcond.device.pick_device``) and once in a child process that sees no GPU
 (``CUDA_VISIBLE_DEVICES=""``): final accuracy on each, seconds, and the GPU memory each run
 allocated (0 would mean it never trained there). ``--rerun`` reads a committed run's ``run.json``,
 runs the same configuration on this machine and sets its final accuracy and seconds beside the
 committed ``history.csv``'s.
 
 Both run the federated methods in this process, one client at a time, through
-``tests/in_process.py`` (the ServerApp's round loop and the real ClientApp clients, no Ray or
+``fedcond/tools/in_process.py`` (the ServerApp's round loop and the real ClientApp clients, no Ray or
 SuperLink): a GPU machine needs torch, numpy, scikit-learn, flwr (without Ray) and Opacus, and
 Ray's start never enters the timings. Without it, no SecAgg+ (see that module). Results go to
 ``--out`` as ``cuda_methods.md`` and a folder per run.
@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from fedcond.device import pick_device
 from fedcond.history import dataset_metric
 from fedcond.pooled import run_pooled
 from fedcond.tools.experiment import read_history
-from fedcond.training import pick_device
+from fedcond.tools.in_process import run_in_process
 from strategies.registry import get_method, registry, run_config
-from tests.in_process import run_in_process
 
 # Normalisation "none": the federated z-score needs SecAgg+'s grid, which an in-process run lacks.
 SMOKE = {"dataset": "digits", "num-clusters": 2, "clients-per-cluster": 3, "normalisation": "none", "verbose": False}

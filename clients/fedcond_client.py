@@ -293,8 +293,13 @@ class FedcondClient(NumPyClient):
         training instruction brings other parameters than its evaluate message (IFCA)."""
         return self.evaluate_round(parameters, round_config)
 
+    def receive(self, model: Network, parameters: list[np.ndarray]) -> None:
+        """Load the model a message brings into ``model`` (a conditioned client with
+        ``feature-norm=local-batch`` keeps its own batch-norm layers: ``ConditionalClient``)."""
+        set_weights(model, parameters)
+
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
-        set_weights(self.model, parameters)
+        self.receive(self.model, parameters)
         loss = self.train_locally(self.model, round_config, proximal=self.proximal_term(parameters))
         return get_weights(self.model), len(self.data.train_y), {TRAIN_LOSS: loss}
 
@@ -303,7 +308,7 @@ class FedcondClient(NumPyClient):
         return None
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
-        set_weights(self.model, parameters)
+        self.receive(self.model, parameters)
         return self.evaluate_model(self.model, round_config)
 
     # -- newcomers (held-out clients): the model a method serves a client that never trained -----------

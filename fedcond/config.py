@@ -15,13 +15,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedcond.conditioning import check_conditioning
+from fedcond.conditioning import HYPER_INITS, check_condition_scale, check_conditioning
 from fedcond.drift import check_drift
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import check_fingerprint
 
 NORMALISATIONS = ("none", "log", "federated")
 LAYOUTS = ("auto", "true", "false")
+#: How the CIFAR network normalises its conv features (docs/instability.md, "Real images"): batch norm
+#: averaged with the model (the paper's network under FedAvg), batch norm kept by each client (FedBN;
+#: a newcomer recomputes the statistics on its own images, AdaBN), or group norm (no statistics).
+FEATURE_NORMS = ("batch", "local-batch", "group")
 # numpy's and torch's generators both take any seed in [0, 2**32); IFCA's per-cluster model seeds
 # (seed * 1000 + k) stay far inside torch's 64-bit range, and a negative seed is a numpy traceback.
 MAX_SEED = 2**32 - 1
@@ -32,7 +36,14 @@ MAX_FINGERPRINT_DIM = 1024
 MAX_ENSEMBLE_SIZE = 64
 
 
-def setting(default: Any, topic: str, help: str, before_it_existed: Any = None, bool_words: bool = False) -> Any:
+def setting(
+    default: Any,
+    topic: str,
+    help: str,
+    before_it_existed: Any = None,
+    bool_words: bool = False,
+    number_words: bool = False,
+) -> Any:
     """A ``RunConfig`` field declared with its help text and topic: the settings table
     (docs/settings.md) and ``[tool.flwr.app.config]`` are generated from these and the ``Option``s
     (``fedcond settings``).
@@ -41,8 +52,15 @@ def setting(default: Any, topic: str, help: str, before_it_existed: Any = None, 
     the default now resolves to (a run made before ``channels-last`` existed ran in the default
     layout, though CIFAR's default is now channels-last). ``bool_words``: a word setting that also
     takes TOML's true / false (as it did when it was a yes/no setting), kept as ``"true"`` / ``"false"``.
+    ``number_words``: a word setting that also takes a number (``condition-scale = 0.5``), kept as its text.
     """
-    metadata = {"help": help, "topic": topic, "before_it_existed": before_it_existed, "bool_words": bool_words}
+    metadata = {
+        "help": help,
+        "topic": topic,
+        "before_it_existed": before_it_existed,
+        "bool_words": bool_words,
+        "number_words": number_words,
+    }
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -140,6 +158,27 @@ class RunConfig:
         "fingerprint",
         "how the model takes it: `concat` (the paper's), `film` or `hyper` on images; `mlp`, `lin` or `ens` (the "
         "appendix's) on tabular tasks (one module each in `fedcond/conditioning`); 0 = the dataset's kind's first",
+    )
+    condition_scale: str = setting(
+        "none",
+        "fingerprint",
+        "a factor on the (normalised) fingerprint where the model reads it: `none` (1, the paper's), `unit` "
+        "(1/sqrt(d): a z-scored fingerprint of norm about 1, so that `hyper`'s generated head steps like a plain "
+        "head) or a positive number ([instability.md](instability.md#real-images-cifar-10))",
+        number_words=True,
+    )
+    hyper_init: str = setting(
+        "random",
+        "fingerprint",
+        "`conditioning=hyper`: the generated head's initial weights, `random` (small seeded noise) or `zero` "
+        "(every client starts from the shared head)",
+    )
+    feature_norm: str = setting(
+        "batch",
+        "training",
+        "the CIFAR network's conv-feature normalisation: `batch` (batch norm averaged with the model, the paper's), "
+        "`local-batch` (conditioned methods: each client keeps its batch-norm layers, FedBN; a newcomer recomputes "
+        "their statistics on its own training images, AdaBN) or `group` (group norm, 8 groups)",
     )
     ensemble_size: int = setting(
         8, "fingerprint", "`conditioning=ens` (tabular): the linear experts the fingerprint's softmax blends; 1..64"
@@ -251,6 +290,11 @@ class RunConfig:
                 f"unknown normalisation '{self.normalisation}'; choose one of {', '.join(NORMALISATIONS)}"
             )
         check_conditioning(self.conditioning)
+        check_condition_scale(self.condition_scale)
+        if self.hyper_init not in HYPER_INITS:
+            raise FedcondError(f"unknown hyper-init '{self.hyper_init}'; choose one of {', '.join(HYPER_INITS)}")
+        if self.feature_norm not in FEATURE_NORMS:
+            raise FedcondError(f"unknown feature-norm '{self.feature_norm}'; choose one of {', '.join(FEATURE_NORMS)}")
         check_fingerprint(self.fingerprint, self.normalisation)
         check_run_name(self.run_name)
 
@@ -345,6 +389,8 @@ def canonical_value(key: str, raw: Any) -> Any:
     field = _fields_by_key().get(key)
     if field is not None and field.metadata.get("bool_words") and isinstance(raw, bool | str):
         return str(raw).lower()
+    if field is not None and field.metadata.get("number_words") and type(raw) in (int, float):
+        return f"{raw:g}"
     return raw
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from fedcond.datasets import DATASETS, load_dataset
+from fedcond.device import pick_device
 from fedcond.errors import FedcondError
 
 EMBEDDING_DIM = 128
@@ -185,8 +186,11 @@ def load_encoder(source: str, data_dir: Path | None) -> Encoder:
 
 def embed(images: np.ndarray, source: str, data_dir: Path | None) -> np.ndarray:
     """phi(x): the frozen encoder's 128-d embedding of every image."""
-    encoder = load_encoder(source, data_dir)
+    device = pick_device()  # the cached encoder is the CPU's; a GPU only embeds faster
+    encoder = load_encoder(source, data_dir).to(device)
     rgb = as_rgb32(images)
     with torch.no_grad():
-        parts = [encoder.embed(torch.from_numpy(rgb[i : i + 512])).numpy() for i in range(0, len(rgb), 512)]
+        parts = [
+            encoder.embed(torch.from_numpy(rgb[i : i + 512]).to(device)).cpu().numpy() for i in range(0, len(rgb), 512)
+        ]
     return np.concatenate(parts).astype(np.float64)

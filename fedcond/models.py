@@ -13,11 +13,13 @@ equal size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
 
-from fedcond.conditioning import check_conditioning_for, mechanism
+from fedcond.conditioning import check_conditioning_for, condition_scale_factor, mechanism
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import fingerprint_size, phi_features
@@ -36,24 +38,53 @@ def small_features(channels: int) -> nn.Sequential:
     )
 
 
-def _conv_bn(in_channels: int, out_channels: int) -> list[nn.Module]:
-    return [nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.BatchNorm2d(out_channels), nn.ReLU()]
+#: ``feature-norm=group``: groups per GroupNorm layer (4 channels a group at 32, 8 at 64).
+NORM_GROUPS = 8
 
 
-def cifar_features(channels: int) -> nn.Sequential:
-    """The paper's CIFAR stack: 2x Conv32 + Pool + 2x Conv64 + Pool, with batch norm (4096 features at 32x32)."""
+def _conv_norm(in_channels: int, out_channels: int, feature_norm: str) -> list[nn.Module]:
+    norm = nn.GroupNorm(NORM_GROUPS, out_channels) if feature_norm == "group" else nn.BatchNorm2d(out_channels)
+    return [nn.Conv2d(in_channels, out_channels, 3, padding=1), norm, nn.ReLU()]
+
+
+def cifar_features(channels: int, feature_norm: str = "batch") -> nn.Sequential:
+    """The paper's CIFAR stack: 2x Conv32 + Pool + 2x Conv64 + Pool, with batch norm (4096 features at
+    32x32); ``feature_norm="group"``: group norm in its place (the same parameters, no statistics)."""
     return nn.Sequential(
-        *_conv_bn(channels, 32), *_conv_bn(32, 32), nn.MaxPool2d(2),
-        *_conv_bn(32, 64), *_conv_bn(64, 64), nn.MaxPool2d(2),
+        *_conv_norm(channels, 32, feature_norm), *_conv_norm(32, 32, feature_norm), nn.MaxPool2d(2),
+        *_conv_norm(32, 64, feature_norm), *_conv_norm(64, 64, feature_norm), nn.MaxPool2d(2),
         nn.Flatten(),
     )  # fmt: skip
 
 
+def has_batch_norm(input_shape: tuple[int, ...]) -> bool:
+    """Whether the network built for ``input_shape`` normalises its features (the CIFAR stack: RGB images)."""
+    return len(input_shape) == 3 and input_shape[0] == 3
+
+
+@dataclass(frozen=True)
+class ConditioningSettings:
+    """How the network reads the fingerprint and normalises its features, beyond ``conditioning``:
+    ``condition-scale``, ``hyper-init`` and ``feature-norm`` (``fedcond.config``); the defaults are the
+    paper's network."""
+
+    condition_scale: str = "none"
+    hyper_init: str = "random"
+    feature_norm: str = "batch"
+
+    @classmethod
+    def of(cls, config: RunConfig) -> ConditioningSettings:
+        return cls(config.condition_scale, config.hyper_init, config.feature_norm)
+
+
 def conditioned_logits(model: nn.Module, features: torch.Tensor, condition: torch.Tensor | None) -> torch.Tensor:
     """A conditioned network's outputs from its features and the client's fingerprint, one row (1, d)
-    broadcast to every sample or one per sample, as its mechanism computes them."""
+    broadcast to every sample or one per sample, as its mechanism computes them, after the model's
+    ``condition_scale`` (``condition-scale``)."""
     if condition is None:
         raise ValueError("a conditioned model needs its client's fingerprint")
+    if model.condition_scale != 1.0:
+        condition = condition * model.condition_scale
     return model.mechanism.logits(model, features, condition.expand(len(features), -1))
 
 
@@ -73,18 +104,22 @@ class ConditionalCNN(nn.Module):
         conditioning: str = "concat",
         hidden_units: int = 0,
         ensemble_size: int = 8,
+        conditioning_settings: ConditioningSettings | None = None,
     ) -> None:
         super().__init__()
         channels, height, width = image_shape
         if height % 4 or width % 4:
             raise FedcondError(f"images must have sides divisible by 4 for two poolings, got {height}x{width}")
         cifar_like = channels == 3
+        settings = conditioning_settings or ConditioningSettings()
         self.condition_dim = condition_dim
         self.ensemble_size = ensemble_size
+        self.condition_scale = condition_scale_factor(settings.condition_scale, condition_dim)
+        self.hyper_init = settings.hyper_init
         self.conditioning = conditioning if condition_dim else "concat"
         self.mechanism = mechanism(self.conditioning)
         self.num_classes = num_classes
-        self.features = cifar_features(channels) if cifar_like else small_features(channels)
+        self.features = cifar_features(channels, settings.feature_norm) if cifar_like else small_features(channels)
         hidden = hidden_units or (256 if cifar_like else 128)
         flat = 64 * (height // 4) * (width // 4)
         # The backbone first, for every mechanism, so that the unconditioned and concat networks keep
@@ -123,12 +158,16 @@ class TabularModel(nn.Module):
         conditioning: str = "concat",
         hidden_units: int = 0,
         ensemble_size: int = 8,
+        conditioning_settings: ConditioningSettings | None = None,
     ) -> None:
         super().__init__()
+        settings = conditioning_settings or ConditioningSettings()
         self.num_features = num_features
         self.num_classes = num_classes
         self.condition_dim = condition_dim
         self.ensemble_size = ensemble_size
+        self.condition_scale = condition_scale_factor(settings.condition_scale, condition_dim)
+        self.hyper_init = settings.hyper_init
         self.conditioning = conditioning if condition_dim else "concat"
         if not condition_dim:
             self.linear = nn.Linear(num_features, num_classes)
@@ -161,6 +200,7 @@ def build_model(
     conditioning: str = "concat",
     hidden_units: int = 0,
     ensemble_size: int = 8,
+    conditioning_settings: ConditioningSettings | None = None,
 ) -> Network:
     """A freshly initialised model, a CNN for images and a ``TabularModel`` for feature vectors; the
     same seed gives the same weights on every machine."""
@@ -169,11 +209,15 @@ def build_model(
     if len(input_shape) == 1:
         check_conditioning_for(conditioning, "tabular", "a tabular task")
         model: Network = TabularModel(
-            input_shape[0], num_classes, condition_dim, conditioning, hidden_units, ensemble_size
-        )
+            input_shape[0], num_classes, condition_dim, conditioning, hidden_units, ensemble_size,
+            conditioning_settings,
+        )  # fmt: skip
     else:
         check_conditioning_for(conditioning, "cnn", "an image dataset")
-        model = ConditionalCNN(input_shape, num_classes, condition_dim, conditioning, hidden_units, ensemble_size)  # type: ignore[arg-type]
+        model = ConditionalCNN(
+            input_shape, num_classes, condition_dim, conditioning, hidden_units, ensemble_size,  # type: ignore[arg-type]
+            conditioning_settings,
+        )  # fmt: skip
     torch.random.set_rng_state(generator_state)
     return model
 
@@ -201,6 +245,7 @@ def build_run_model(config: RunConfig, num_classes: int, conditioned: bool, seed
         config.conditioning,
         config.hidden_units,
         config.ensemble_size,
+        ConditioningSettings.of(config),
     )
 
 

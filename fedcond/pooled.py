@@ -50,12 +50,13 @@ from fedcond.checkpoint import (
 )
 from fedcond.client_data import ClientData, client_fingerprint, load_client_data
 from fedcond.config import RunConfig
+from fedcond.device import pick_device
 from fedcond.errors import FedcondError
 from fedcond.history import RoundRecord, RunRecorder, failures_recorded, open_run, reopen_run
 from fedcond.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
 from fedcond.models import Network, build_run_model, get_weights, set_weights
 from fedcond.scenarios import scenario_for
-from fedcond.training import MomentumSGD, TrainSettings, evaluate, new_optimiser, pick_device, run_epochs
+from fedcond.training import MomentumSGD, TrainSettings, evaluate, new_optimiser, run_epochs
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.optim.sgd import sgd
 
 from fedcond.config import RunConfig
+from fedcond.device import pick_device
 from fedcond.errors import FedcondError
 
 if TYPE_CHECKING:
@@ -117,11 +118,6 @@ def reuse_freed_buffers() -> None:
         libc.mallopt(_M_TRIM_THRESHOLD, 2 * MALLOC_MMAP_THRESHOLD)
     except (OSError, AttributeError):  # not glibc (musl, ...): its allocator's own behaviour stays
         pass
-
-
-def pick_device() -> torch.device:
-    """CUDA when present, else the CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:

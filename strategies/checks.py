@@ -11,8 +11,10 @@ from __future__ import annotations
 from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import check_resume, resume_folder
 from fedcond.config import RunConfig
+from fedcond.datasets import dataset_spec
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import check_label_free
+from fedcond.models import has_batch_norm
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.scenarios import scenario_for, scenario_kind, validate_without_data
 from strategies import client_dp
@@ -38,6 +40,7 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"(compare: --methods {','.join(supported)})"
         )
     check_newcomers(config, method)
+    check_model_settings(config, method)
     check_clusters_exist(config, method)
     if config.drift_fraction and method.protocol == "pooled":
         raise FedcondError(
@@ -57,6 +60,43 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
         scenario_for(config)
     check_secure_aggregation(config, method)  # after the data: too many clients for the data says so first
     return method
+
+
+def check_model_settings(config: RunConfig, method: Method) -> None:
+    """``condition-scale``, ``hyper-init`` and ``feature-norm`` against the method and the dataset's network."""
+    if not method.conditioned:
+        defaults = RunConfig()
+        for key in ("condition-scale", "hyper-init"):
+            field = key.replace("-", "_")
+            if getattr(config, field) != getattr(defaults, field):
+                raise FedcondError(
+                    f"{key} sets how a model reads the fingerprint, and {method.name}'s model takes none; "
+                    "leave it at its default or pick a conditioned method"
+                )
+    if config.hyper_init != "random" and config.conditioning != "hyper":
+        raise FedcondError(
+            f"hyper-init={config.hyper_init} sets the generated head of conditioning=hyper; this run conditions by "
+            f"{config.conditioning}: set conditioning=hyper or leave hyper-init=random"
+        )
+    if config.feature_norm == "batch":
+        return
+    if not has_batch_norm(dataset_spec(config.dataset).input_shape):
+        raise FedcondError(
+            f"feature-norm={config.feature_norm} changes the CIFAR network's batch norm, and {config.dataset}'s "
+            "network has none; leave feature-norm=batch"
+        )
+    if config.feature_norm == "local-batch":
+        if not (method.conditioned and method.protocol == "federated"):
+            raise FedcondError(
+                "feature-norm=local-batch keeps each client's batch-norm layers on the client, as the conditioned "
+                f"federated methods do; {method.name} does not: use feature-norm=batch or group, or a conditioned "
+                "method"
+            )
+        if resume_folder(config) is not None:
+            raise FedcondError(
+                "resume with feature-norm=local-batch: each client keeps its batch-norm layers in Flower's "
+                "context.state, which a resumed run starts empty; start the run again without resume"
+            )
 
 
 def check_clusters_exist(config: RunConfig, method: Method) -> None:

@@ -119,6 +119,14 @@ def registry() -> dict[str, Method]:
             CONDITIONAL_CLIENT, CONDITIONAL, variant_of="conditional",
             fixed_settings=(("fingerprint", "class-mean"), ("conditioning", "hyper")),
         ),
+        # recommended with the generated head read at the scale of a plain head (docs/instability.md,
+        # "Real images"): what survives federated averaging on CIFAR-10.
+        Method(
+            "scaled-hyper", "recommended with the fingerprint read at 1/sqrt(d) and the generated head started at zero",
+            CONDITIONAL_CLIENT, CONDITIONAL, variant_of="conditional",
+            fixed_settings=(("fingerprint", "class-mean"), ("conditioning", "hyper"), ("condition-scale", "unit"),
+                            ("hyper-init", "zero")),
+        ),
         Method("local", "each client trains only its own model", "clients.local_client:LocalClient",
                "strategies.local:LocalStrategy"),
         Method("oracle", "FedAvg within each true cluster (reference)", FEDAVG_CLIENT,

@@ -10,8 +10,10 @@ leaving the SuperLink to wait a minute for the missing heartbeat and the last li
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 
 from flwr.common import Context
 from flwr.common.logger import FLOWER_LOGGER
@@ -27,7 +29,7 @@ from fedcond.history import RunRecorder, error_line, failures_recorded, open_run
 from fedcond.model_store import CLIENT_STATE_DIR, remove_run_state
 from fedcond.scenarios import scenario_for
 from strategies import client_dp
-from strategies.base import StrategyInputs
+from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.checks import check_run
 from strategies.federation import message_timeout
 from strategies.registry import federated, run_config
@@ -40,6 +42,24 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     With ``resume`` set, the run continues in that folder from its checkpoint (``check_run`` has
     refused a resume that cannot be).
     """
+    with served_run(config, grid) as (server, _, rounds_left):
+        # Flower gives every fit and evaluate message round_timeout as its lifetime (TTL).
+        server_config = ServerConfig(num_rounds=rounds_left, round_timeout=message_timeout(config))
+        try:
+            start_grid(grid=grid, server=server, config=server_config)
+        finally:
+            # Clients' own models of this Flower run (client-state-dir): no later run reads them.
+            remove_run_state(CLIENT_STATE_DIR.of(config), grid.run.run_id)
+    return server.recorder
+
+
+@contextlib.contextmanager
+def served_run(config: RunConfig, grid: Grid | None) -> Iterator[tuple[CheckpointingServer, FedcondStrategy, int]]:
+    """A run's checks, results folder (a new one, or the resumed one), round loop, the method's
+    strategy (inside Flower's DP wrapper where client-dp asks for one) and the rounds left to run.
+    The body runs them (the ServerApp through ``grid``; the in-process runner,
+    ``fedcond.tools.in_process``, with ``grid`` None, through proxies it registers); the run is
+    recorded as finished after it, or as failed with the body's error."""
     method = check_run(config)
     _, strategy_class = federated(method)
     config = config.resolved()
@@ -72,16 +92,8 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
         strategy = strategy_class(inputs)
         # Flower's DP wrapper around the strategy, when client-dp asks for one.
         server = CheckpointingServer(strategy, recorder, rounds_before, client_dp.with_client_dp(strategy, config))
-        # Flower gives every fit and evaluate message round_timeout as its lifetime (TTL).
-        rounds_left = config.num_server_rounds - rounds_before
-        server_config = ServerConfig(num_rounds=rounds_left, round_timeout=message_timeout(config))
-        try:
-            start_grid(grid=grid, server=server, config=server_config)
-        finally:
-            # Clients' own models of this Flower run (client-state-dir): no later run reads them.
-            remove_run_state(CLIENT_STATE_DIR.of(config), grid.run.run_id)
+        yield server, strategy, config.num_server_rounds - rounds_before
         recorder.finish({"secure_sum_bytes": strategy.secure_sum_bytes, "checkpoint": server.checkpoint_cost()})
-    return recorder
 
 
 class RunStopped(Exception):

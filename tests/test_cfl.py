@@ -146,8 +146,8 @@ def test_on_digits_it_finds_the_true_clusters_and_serves_its_newcomers_from_them
     so the test is of the split itself. It recovers the two clusters (ARI 1), a cluster of 3 cannot
     split into halves of 2, and the newcomers score about as the participants do."""
     from fedcond.tools.flwr_commands import default_config
+    from fedcond.tools.in_process import run_in_process
     from strategies.registry import run_config
-    from tests.in_process import run_in_process
 
     config = run_config({
         **default_config(), "method": "cfl", "num-clusters": 2, "clients-per-cluster": 3, "held-out-clients": 1,

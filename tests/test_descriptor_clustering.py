@@ -58,8 +58,8 @@ def test_what_the_server_found_survives_a_checkpoint():
 
 def run(tmp_path, method: str, **settings) -> tuple[list[dict[str, str]], dict]:
     from fedcond.tools.flwr_commands import default_config
+    from fedcond.tools.in_process import run_in_process
     from strategies.registry import run_config
-    from tests.in_process import run_in_process
 
     config = run_config({
         **default_config(), "method": method, "num-clusters": 3, "clients-per-cluster": 3, "held-out-clients": 1,

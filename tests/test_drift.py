@@ -81,7 +81,7 @@ def test_ifcas_ari_after_the_drift_is_against_the_clusters_the_clients_now_hold(
 
 
 def test_a_drift_run_records_the_drifted_clients_accuracy_with_two_messages_a_round(tmp_path):
-    from tests.in_process import run_in_process
+    from fedcond.tools.in_process import run_in_process
     from tests.test_one_message import config_for
 
     settings = {"drift-fraction": 0.5, "drift-round": 2, "num-server-rounds": 3}
@@ -116,7 +116,7 @@ def test_bad_drift_settings_are_refused_in_one_line(settings, message):
 def test_an_oracle_told_of_the_drift_serves_the_drifted_clients_as_well_as_the_others(tmp_path):
     """Label shift: a drifted client holds the other cluster's classes; served its old cluster's model
     it would score about nothing on them."""
-    from tests.in_process import run_in_process
+    from fedcond.tools.in_process import run_in_process
     from tests.test_one_message import config_for
 
     settings = {"drift-fraction": 0.5, "drift-round": 2, "num-server-rounds": 4, "local-epochs": 5}

@@ -583,3 +583,24 @@ def test_a_sweeps_summary_ranks_the_variants_of_a_method_axis_together_under_the
     summary = (tmp_path / "summary.md").read_text()
     assert summary.count("\n## ") == 1 and "| 1 | told |" in summary and "| 2 | plain |" in summary
     assert (tmp_path / "convergence-1.png").is_file() and not (tmp_path / "convergence-2.png").exists()
+
+
+def test_a_parallel_in_process_compare_runs_every_run_in_processes_of_its_own_as_the_sequential_one(tmp_path, capsys):
+    arguments = ["compare", "--num-clusters", "2", "--clients-per-cluster", "2", "--rounds", "2", "--seeds", "0,1",
+                 "--methods", "fedavg,recommended", "local-epochs=1", "--runner", "in-process"]  # fmt: skip
+    assert main([*arguments, "--out", str(tmp_path / "one")]) == 0
+    assert main([*arguments, "--parallel", "2", "--out", str(tmp_path / "two")]) == 0
+    printed = capsys.readouterr().out
+    assert "fedcond: [4/4]" in printed and "finished" in printed
+    finals = {}
+    for name in ("one", "two"):
+        with (tmp_path / name / "metrics.csv").open() as handle:
+            rows = list(csv.DictReader(handle))
+        finals[name] = {(r["method"], r["seed"], r["round"]): round(float(r["accuracy"]), 3) for r in rows}
+    assert len(finals["two"]) == 8 and finals["two"] == finals["one"]
+
+
+def test_parallel_runs_need_the_in_process_runner(tmp_path, capsys):
+    arguments = ["compare", "--methods", "fedavg", "--out", str(tmp_path / "o"), "--parallel", "2"]
+    assert main(arguments) == 2
+    assert "add --runner in-process or drop --parallel" in capsys.readouterr().err

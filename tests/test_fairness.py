@@ -11,8 +11,8 @@ import pytest
 
 from fedcond.history import SPREAD_COLUMNS
 from fedcond.metrics import ClientEvaluation, Spread
+from fedcond.tools.in_process import run_in_process
 from fedcond.tools.report import MethodSummary, summary_table
-from tests.in_process import run_in_process
 from tests.test_one_message import config_for
 
 

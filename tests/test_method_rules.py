@@ -130,6 +130,7 @@ NEWCOMER_RULES = {
     "fedavg": "global model",
     "conditional": "global model, fed its own fingerprint",
     "recommended": "global model, fed its own fingerprint",
+    "scaled-hyper": "global model, fed its own fingerprint",
     "ditto": "global model (it has no personal model)",
     "fedprox": "global model",
     "oracle": "its true cluster's model (tested with Oracle's averaging above)",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedcond.model_store import SPILL_FOLDER, SpillingModels
-from tests.in_process import InProcessNode, run_in_process
+from fedcond.tools.in_process import InProcessNode, run_in_process
 from tests.test_one_message import PROTOCOL_COLUMNS, config_for, history
 
 

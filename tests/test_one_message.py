@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fedcond.config import RunConfig
+from fedcond.tools.in_process import run_in_process
 from strategies.registry import flower_method_names, get_method, run_config
-from tests.in_process import run_in_process
 
 # Every federated method of the registry and every named variant: a new method is compared too.
 METHODS = flower_method_names()

@@ -143,8 +143,8 @@ def test_the_sampled_bare_loop_trains_and_scores_the_clients_fedcond_does(tmp_pa
     import csv
 
     from fedcond.tools.flwr_commands import default_config
+    from fedcond.tools.in_process import run_in_process
     from strategies.registry import run_config
-    from tests.in_process import run_in_process
 
     settings = {"dataset": "digits", "num-clusters": 2, "clients-per-cluster": 3, "num-server-rounds": 4,
                 "clients-per-round": 2, "evaluate-every": 2, "data-fraction": 1.0}  # fmt: skip

@@ -187,8 +187,8 @@ def test_on_digits_its_newcomers_learned_embeddings_serve_them_better_than_the_m
     import csv
 
     from fedcond.tools.flwr_commands import default_config
+    from fedcond.tools.in_process import run_in_process
     from strategies.registry import run_config
-    from tests.in_process import run_in_process
 
     config = run_config({
         **default_config(), "method": "pfedhn", "num-clusters": 2, "clients-per-cluster": 3, "held-out-clients": 1,

@@ -12,6 +12,7 @@ asked for, so that checking a setting imports no torch.
 from __future__ import annotations
 
 import importlib
+import math
 from typing import TYPE_CHECKING
 
 from fedcond.errors import FedcondError
@@ -31,6 +32,33 @@ MECHANISMS: dict[str, tuple[str, frozenset[str]]] = {
     "lin": ("fedcond.conditioning.lin", frozenset({"tabular"})),
     "ens": ("fedcond.conditioning.ens", frozenset({"cnn", "tabular"})),  # on a CNN: a mixture of heads
 }
+
+
+#: ``hyper-init``: how the generated head starts (``fedcond.conditioning.hyper``).
+HYPER_INITS = ("random", "zero")
+#: ``condition-scale``'s words; any positive number is accepted too.
+CONDITION_SCALES = ("none", "unit")
+
+
+def condition_scale_factor(setting: str, condition_dim: int) -> float:
+    """The factor ``condition-scale`` puts on a ``condition_dim``-long fingerprint where the model reads it:
+    ``none`` 1, ``unit`` 1/sqrt(d) (a z-scored fingerprint has squared norm about d), else the number."""
+    if setting == "none" or not condition_dim:
+        return 1.0
+    if setting == "unit":
+        return 1.0 / math.sqrt(condition_dim)
+    return float(setting)
+
+
+def check_condition_scale(setting: str) -> None:
+    if setting in CONDITION_SCALES:
+        return
+    try:
+        value = float(setting)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise FedcondError(f"condition-scale must be none, unit or a positive number (got {setting!r})")
 
 
 def check_conditioning(name: str) -> None:

@@ -40,9 +40,12 @@ class Hyper(Mechanism):
 
     def add_modules(self, model: nn.Module, condition_dim: int, hidden: int, num_classes: int) -> None:
         # W0, b0 is classifier[2]; W_j, b_j for every fingerprint dimension j live here, small
-        # enough that sum_j s_j W_j starts at the scale of W0 for a z-scored s.
+        # enough that sum_j s_j W_j starts at the scale of W0 for a z-scored s; or zero
+        # (hyper-init=zero): every client starts from the shared head W0, b0. The noise is drawn
+        # either way, so that the generator's later draws do not depend on the choice.
         scale = 1.0 / np.sqrt(hidden * condition_dim)
-        model.hyper = HyperHead(torch.randn(condition_dim, num_classes, hidden + 1) * scale)
+        initial = torch.randn(condition_dim, num_classes, hidden + 1) * scale
+        model.hyper = HyperHead(torch.zeros_like(initial) if model.hyper_init == "zero" else initial)
 
     def logits(self, model: nn.Module, features: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
         first, activation, head = model.classifier

@@ -272,6 +272,28 @@ def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> 
     return run_one
 
 
+def run_without_ray(config: RunConfig) -> None:
+    """``--runner in-process``: one configuration in this process, one client at a time, without Ray
+    or a SuperLink (``fedcond.tools.in_process``), for a machine without Ray (a lent GPU). Module-level,
+    so that ``--parallel`` can hand it to its worker processes."""
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedcond.pooled import run_pooled
+    from fedcond.tools.in_process import run_in_process
+
+    if is_pooled(config):
+        run_pooled(config)
+        return
+    level = FLOWER_LOGGER.level
+    FLOWER_LOGGER.setLevel(logging.ERROR)  # the sweep prints the rounds; Flower's INFO lines would bury them
+    try:
+        run_in_process(config)
+    finally:
+        FLOWER_LOGGER.setLevel(level)
+
+
 def is_pooled(config: RunConfig) -> bool:
     """True for the paper's centralised protocol (``pooled-*`` methods), which runs without Flower."""
     from strategies.registry import get_method
@@ -284,8 +306,18 @@ def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, a
     if arguments.dry_run:
         print(describe_plan(experiment, base, out))
         return 0
-    run_experiment(experiment, base, out, simulation_runner(arguments.cpus_per_client, arguments.gpus_per_client),
-                   sys.stdout)  # fmt: skip
+    if arguments.parallel < 1:
+        raise FedcondError(f"--parallel must be at least 1 (got {arguments.parallel})")
+    if arguments.parallel > 1 and arguments.runner != "in-process":
+        raise FedcondError(
+            "--parallel runs several runs at once in processes of their own, which only the in-process runner "
+            "can (each Flower simulation starts its own Ray); add --runner in-process or drop --parallel"
+        )
+    if arguments.runner == "in-process":
+        runner: Callable[[RunConfig], None] = run_without_ray
+    else:
+        runner = simulation_runner(arguments.cpus_per_client, arguments.gpus_per_client)
+    run_experiment(experiment, base, out, runner, sys.stdout, arguments.parallel)
     return report(out)
 
 
@@ -407,6 +439,20 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
     for experiment_parser in (compare_parser, sweep_parser):
         experiment_parser.add_argument("--out", required=True, metavar="DIR", help="results folder; rerun to resume")
         experiment_parser.add_argument("--dry-run", action="store_true", help="list the runs (and which are done)")
+        experiment_parser.add_argument(
+            "--runner",
+            choices=("flower", "in-process"),
+            default="flower",
+            help="flower: each run a Flower simulation on Ray (default); in-process: the round loop and every "
+            "client in this process, one client at a time, no Ray (a GPU machine without Ray; no SecAgg+)",
+        )
+        experiment_parser.add_argument(
+            "--parallel",
+            type=int,
+            default=1,
+            metavar="N",
+            help="with --runner in-process: N runs at a time, each in its own process (a GPU takes several)",
+        )
         add_resource_flags(experiment_parser)
     report_parser = commands.add_parser("report", help="redraw the tables and figures of a compare or sweep folder")
     report_parser.add_argument("out", metavar="DIR")

@@ -489,9 +489,12 @@ def describe_plan(experiment: Experiment, base: Mapping[str, Any], out: Path) ->
 
 
 def run_experiment(
-    experiment: Experiment, base: Mapping[str, Any], out: Path, runner: Runner, stream: TextIO
+    experiment: Experiment, base: Mapping[str, Any], out: Path, runner: Runner, stream: TextIO, parallel: int = 1
 ) -> list[PlannedRun]:
-    """Run every unfinished grid point in order; returns the plan. Failures are recorded, not fatal."""
+    """Run every unfinished grid point in order; returns the plan. Failures are recorded, not fatal.
+
+    With ``parallel`` > 1, that many runs at a time, each in a process of its own (``runner`` must be
+    a module-level function: the in-process runner), started in grid order; a line as each ends."""
     runs_dir = (out / "runs").resolve()
     planned = plan(experiment, base, runs_dir)  # every run is checked before anything is written
     out.mkdir(parents=True, exist_ok=True)
@@ -508,6 +511,9 @@ def run_experiment(
             flush=True,
         )
         check_data(pending)
+        if parallel > 1:
+            run_in_parallel(pending, runs_dir, runner, stream, parallel)
+            return planned
         progress = Progress(pending, stream)
         for index, run in enumerate(pending, start=1):
             position = f"[{index}/{len(pending)}]"
@@ -519,6 +525,50 @@ def run_experiment(
             if status != "finished":
                 print(f"fedcond: {position} {run.name} did not finish ({status})", file=stream, flush=True)
     return planned
+
+
+def _worker_setup(threads: int) -> None:
+    """A parallel run's process: its share of the cores, so that the runs do not fight over them, and
+    Flower's round-by-round log lines off the terminal (the sweep prints a line as each run ends)."""
+    import logging
+
+    import torch
+    from flwr.common.logger import FLOWER_LOGGER
+
+    torch.set_num_threads(threads)
+    FLOWER_LOGGER.setLevel(logging.ERROR)
+
+
+def run_in_parallel(
+    pending: Sequence[PlannedRun], runs_dir: Path, runner: Runner, stream: TextIO, parallel: int
+) -> None:
+    """``pending`` runs, ``parallel`` at a time in fresh processes (spawned: no CUDA or thread state
+    inherited), in order; each failure is recorded in its folder, as ``run_one`` does."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    # OMP_NUM_THREADS, where set, says how many threads each process takes (several sweeps at once).
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // parallel)
+    context = multiprocessing.get_context("spawn")
+    started = time.monotonic()
+    with concurrent.futures.ProcessPoolExecutor(parallel, context, _worker_setup, (threads,)) as pool:
+        futures = {pool.submit(run_one, runner, run, runs_dir): run for run in pending}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
+            run = futures[future]
+            try:
+                future.result()
+            except Exception as error:  # the worker process died (run_one records every error it sees)
+                mark_failed(runs_dir / run.name, error_line(error))
+            status = run_status(runs_dir / run.name)
+            rows = read_history(runs_dir / run.name / "history.csv", dataset_metric(run.config.dataset))
+            final = f", {float(rows[-1]['accuracy']):.4f} at round {rows[-1]['round']}" if rows else ""
+            print(
+                f"fedcond: [{done}/{len(pending)}] {run.name} {status}{final} "
+                f"({format_duration(time.monotonic() - started)} since the start)",
+                file=stream,
+                flush=True,
+            )
 
 
 @contextlib.contextmanager
