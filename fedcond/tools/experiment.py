@@ -528,15 +528,11 @@ def run_experiment(
 
 
 def _worker_setup(threads: int) -> None:
-    """A parallel run's process: its share of the cores, so that the runs do not fight over them, and
-    Flower's round-by-round log lines off the terminal (the sweep prints a line as each run ends)."""
-    import logging
-
+    """A parallel run's process: its share of the cores, so that the runs do not fight over them (the
+    in-process runner keeps Flower's log lines off the terminal itself: ``cli.run_without_ray``)."""
     import torch
-    from flwr.common.logger import FLOWER_LOGGER
 
     torch.set_num_threads(threads)
-    FLOWER_LOGGER.setLevel(logging.ERROR)
 
 
 def run_in_parallel(
