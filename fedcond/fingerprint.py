@@ -368,9 +368,16 @@ def phi_features(dataset: str, encoder: str) -> int:
     return int(np.prod(dataset_spec(dataset).input_shape))
 
 
-def check_fingerprint_for(name: str, dim: int, dataset: str, encoder: str) -> None:
+def check_fingerprint_for(name: str, dim: int, dataset: str, encoder: str, normalisation: str = "none") -> None:
     """Fingerprint ``name`` on ``dataset``: a per-class one needs classes, and ``eigenvector`` keeps
-    fingerprint-dim eigenvectors of Cov(Z), no more than Z has dimensions."""
+    fingerprint-dim eigenvectors of Cov(Z), no more than Z has dimensions, and is not z-scored on images.
+
+    Each eigenvector is unit-norm already, and on images most of its entries are pixels that barely
+    differ between clients: the federated z-score blows every one of them up to unit spread, so the
+    fingerprint's squared norm becomes its length (25,408 for 32 eigenvectors on MNIST) and the
+    first layer's step that many times a plain input's. Refused there (MNIST E3b K=2, 10% data:
+    training loss 1.2e5 in round 1, 8e11 in round 2, then chance every round); the appendix's
+    tabular tasks (l x 11 values) keep the choice."""
     from fedcond.datasets import dataset_spec
 
     if fingerprint_spec(name).per_class and dataset_spec(dataset).regression:
@@ -381,7 +388,14 @@ def check_fingerprint_for(name: str, dim: int, dataset: str, encoder: str) -> No
         )
     if name != "eigenvector":
         return
-    dimensions = phi_features(dataset, encoder) + dataset_spec(dataset).num_classes
+    spec = dataset_spec(dataset)
+    dimensions = phi_features(dataset, encoder) + spec.num_classes
+    if normalisation == "federated" and not spec.tabular:
+        raise FedcondError(
+            f"fingerprint eigenvector z-scored (normalisation=federated) on {dataset} makes each of its "
+            f"{dim * dimensions} values unit-spread, most of them pixels no client differs in, and training diverges; "
+            "set normalisation=none (each eigenvector is unit-norm already, as the EMNIST appendix grid runs it)"
+        )
     if dim > dimensions:
         raise FedcondError(
             f"fingerprint eigenvector keeps fingerprint-dim eigenvectors of the {dimensions}-dimensional Z of "

@@ -22,10 +22,12 @@ from typing import Any, TextIO
 from fedcond import locks
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
+from fedcond.live_curves import EVENT_FILE_PREFIX, LIVE_CURVES, LiveCurves
 
 HISTORY_COLUMNS = (
     "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up", "ari",
     "heldout_accuracy", "epsilon", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out",
+    "clients_evaluated",
     "worst_accuracy", "p10_accuracy", "accuracy_std",
     "heldout_worst_accuracy", "heldout_p10_accuracy", "heldout_accuracy_std", "heldout_adapted_accuracy",
     "drifted_accuracy",
@@ -87,6 +89,9 @@ class RoundRecord:
     clients_answered: int = 0
     clients_failed: int = 0
     clients_timed_out: int = 0
+    # The training clients whose evaluations make the round's score: all of them, or (clients-per-round
+    # between evaluate-every rounds) the sample that scored it, less any whose evaluation did not come.
+    clients_evaluated: int = 0
     # Fairness over the clients that evaluated (fedcond.metrics.Spread): the worst client's accuracy,
     # the 10th percentile and the standard deviation, each client counting once; NaN when none did.
     worst_accuracy: float = float("nan")
@@ -197,6 +202,7 @@ CHECKPOINT_EVERY = Option(
 #: the run computes (num-server-rounds only says how far it goes: past the last finished round).
 FREE_ON_RESUME = (
     RESUME.key, *PATH_KEYS, "run-name", "verbose", "node-timeout", "num-server-rounds", CHECKPOINT_EVERY.key,
+    LIVE_CURVES.key,
 )  # fmt: skip
 # How a run was started, not what it computes: run.json records resumes apart ("resumed").
 UNRECORDED_KEYS = (RESUME.key,)
@@ -239,6 +245,7 @@ class RunRecorder:
         self.folder = folder
         self.num_clusters = num_clusters
         self.metric = dataset_metric(config.dataset)
+        self.curves: LiveCurves | None = None
         self.verbose = config.verbose
         try:
             self._lock: TextIO | None = locks.acquire(folder / RUN_LOCK)
@@ -268,6 +275,12 @@ class RunRecorder:
             writer.writeheader()
             writer.writerows(self.row(record) for record in self.records)
         os.replace(temporary, self.history_path)
+        if LIVE_CURVES.of(config):
+            # A resumed run's earlier rounds are drawn already, unless its first attempt drew nothing.
+            drawn = any(path.name.startswith(EVENT_FILE_PREFIX) for path in folder.iterdir())
+            self.curves = LiveCurves(folder, self._info["config"], self.metric)
+            for record in () if drawn else self.records:
+                self.curves.add(record)
 
     @property
     def columns(self) -> list[str]:
@@ -303,6 +316,8 @@ class RunRecorder:
         self.records.append(record)
         with self.history_path.open("a", newline="") as handle:
             csv.DictWriter(handle, self.columns).writerow(self.row(record))
+        if self.curves is not None:
+            self.curves.add(record)
 
     def finish(self, extra: dict[str, Any] | None = None) -> None:
         last = self.records[-1] if self.records else None
@@ -347,6 +362,9 @@ class RunRecorder:
 
     def close(self) -> None:
         """Let go of the folder (the run has ended, one way or another)."""
+        if self.curves is not None:
+            self.curves.close()
+            self.curves = None
         if self._lock is not None:
             locks.release(self._lock)
             self._lock = None

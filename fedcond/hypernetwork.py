@@ -49,8 +49,9 @@ class HyperNetwork(nn.Module):
         self.template = template = get_weights(target)
         #: The indices (in ``get_weights`` order) of the target's parameters: what is generated.
         self.generated = [i for i, name in enumerate(names) if name in parameters]
-        #: The buffers' indices, and each client's buffers as it last returned them.
-        self.buffers = [i for i in range(len(names)) if i not in self.generated]
+        #: Where the buffers are among the model's arrays, and each client's buffers (arrays) as it last
+        #: returned them.
+        self.buffer_indices = [i for i in range(len(names)) if i not in self.generated]
         self.client_buffers: dict[int, Model] = {}
         self.embeddings = nn.Embedding(num_clients, embedding_dim)
         layers: list[nn.Module] = [nn.Linear(embedding_dim, hidden)]
@@ -80,21 +81,21 @@ class HyperNetwork(nn.Module):
     def buffers_of(self, client: int | None) -> Model:
         """``client``'s buffers as it last returned them (the initial model's before that); None: the
         mean of every client's (integer ones, batch norm's step counter, as the initial model's)."""
-        initial = [self.template[i] for i in self.buffers]
+        initial = [self.template[i] for i in self.buffer_indices]
         if client is not None:
             return self.client_buffers.get(client, initial)
         if not self.client_buffers:
             return initial
         mean = uniform_average(list(self.client_buffers.values()))
         return [array if np.issubdtype(array.dtype, np.floating) else self.template[i]
-                for array, i in zip(mean, self.buffers, strict=True)]  # fmt: skip
+                for array, i in zip(mean, self.buffer_indices, strict=True)]  # fmt: skip
 
     def keep_buffers(self, client: int, returned: Model) -> None:
         """Serve ``client`` the buffers of the model it returned from now on."""
         self.client_buffers[client] = self.returned_buffers(returned)
 
     def returned_buffers(self, returned: Model) -> Model:
-        return [np.array(returned[i], copy=True) for i in self.buffers]
+        return [np.array(returned[i], copy=True) for i in self.buffer_indices]
 
     @torch.no_grad()
     def weights_from(self, embedding: torch.Tensor, buffers: Model) -> Model:
@@ -102,7 +103,7 @@ class HyperNetwork(nn.Module):
         model: Model = [np.empty(0)] * len(self.template)
         for i, tensor in zip(self.generated, self(embedding), strict=True):
             model[i] = tensor.numpy().astype(self.template[i].dtype)
-        for i, array in zip(self.buffers, buffers, strict=True):
+        for i, array in zip(self.buffer_indices, buffers, strict=True):
             model[i] = np.array(array, copy=True)
         return model
 

@@ -6,6 +6,11 @@ back OK; otherwise its outcome is that of the first instruction that did not: **
 reported error, an exception on its side or in transport, or its node left) or **timed out** (no
 answer within ``round-timeout``). So answered + failed + timed out = asked, every round.
 
+With one message a round (evaluate-in-fit) a training client evaluates round r's model in round
+r + 1's fit message: that evaluation is still one of round r's instructions, so a client whose round
+r + 1 fit never answered has not answered round r either (``RoundParticipation.missed_evaluations``),
+and round r's record says so instead of counting an evaluation that never came.
+
 The policy: a round goes on when at least ``required_answers`` of its clients can still answer;
 below that the run stops with one line naming the round, the counts and the first reason.
 """
@@ -47,6 +52,11 @@ class Failure:
             "outcome": self.outcome, "reason": self.reason,
         }  # fmt: skip
 
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> Failure:
+        return cls(int(entry["round"]), str(entry["stage"]), int(entry["partition-id"]), str(entry["outcome"]),
+                   str(entry["reason"]))  # fmt: skip
+
     def line(self) -> str:
         return f"round {self.round}: partition {self.partition_id} {self.outcome} in {self.stage}: {self.reason}"
 
@@ -75,6 +85,41 @@ class RoundParticipation:
         with self._lock:
             self.failures.append(failure)
             self._first_failure.setdefault(partition_id, failure)
+
+    def missed_evaluations(
+        self, expected: Iterable[int], evaluated: Iterable[int], carrier: RoundParticipation
+    ) -> None:
+        """Record the evaluations of this round's model that were to come in ``carrier``'s fit replies
+        (the next round's, evaluate-in-fit) from the ``expected`` clients and did not: each such client
+        failed this round as it failed ``carrier``'s fit (its reason, or "answered without it").
+        A client expected here that this round did not ask (another sample) is asked now."""
+        came = set(evaluated)
+        with self._lock:
+            self.asked = sorted({*self.asked, *expected, *came})
+        for partition_id in sorted(set(expected) - came):
+            cause = carrier.first_failure(partition_id)
+            reason = f"{cause.outcome}: {cause.reason}" if cause else "answered without it"
+            outcome = cause.outcome if cause else FAILED
+            why = f"its evaluation was to come with round {carrier.round}'s fit, which {reason}"
+            self.fail(EVALUATE, partition_id, why, outcome)
+
+    def first_failure(self, partition_id: int) -> Failure | None:
+        with self._lock:
+            return self._first_failure.get(partition_id)
+
+    def as_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of a round whose record is pending (``from_state`` takes it back)."""
+        with self._lock:
+            return {"round": self.round, "asked": list(self.asked), "failures": [f.as_json() for f in self.failures]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> RoundParticipation:
+        participation = cls(int(state["round"]), (int(p) for p in state["asked"]))
+        for entry in state["failures"]:
+            failure = Failure.from_json(entry)
+            participation.fail(failure.stage, failure.partition_id, failure.reason, failure.outcome)
+        participation._published = len(participation.failures)  # reported before the checkpoint
+        return participation
 
     def has_failed(self, partition_id: int) -> bool:
         with self._lock:

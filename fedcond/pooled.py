@@ -56,7 +56,7 @@ from fedcond.history import RoundRecord, RunRecorder, failures_recorded, open_ru
 from fedcond.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
 from fedcond.models import Network, build_run_model, get_weights, set_weights
 from fedcond.scenarios import scenario_for
-from fedcond.training import MomentumSGD, TrainSettings, evaluate, new_optimiser, run_epochs
+from fedcond.training import MomentumSGD, TrainSettings, check_not_diverged, evaluate, new_optimiser, run_epochs
 
 
 @dataclass(frozen=True)
@@ -216,10 +216,13 @@ def _train_and_record(
             # In-process: every client's data is trained on and every client evaluates, none can fail.
             clients_asked=len(clients),
             clients_answered=len(clients),
+            clients_evaluated=len(evaluations[False]),
             **Spread.of(evaluations[False], recorder.metric).as_fields(),
             **Spread.of(evaluations[True], recorder.metric).as_fields("heldout_"),
         )
         recorder.add(record)
+        check_not_diverged(round_number, record.train_loss, num_classes, recorder.records[0].train_loss,
+                           config.learning_rate)  # fmt: skip
         if checkpoint_due(config, round_number):
             save_start = time.perf_counter()
             weights, values = _pooled_state(models)

@@ -605,7 +605,9 @@ def validate_without_data(config: RunConfig) -> None:
             f"{'is a tabular task' if spec.tabular else 'holds images'}; choose a scenario of {matching}"
         )
     check_conditioning_for(config.conditioning, "tabular" if spec.tabular else "cnn", config.dataset)
-    check_fingerprint_for(config.fingerprint, config.fingerprint_dim, config.dataset, config.fingerprint_encoder)
+    check_fingerprint_for(
+        config.fingerprint, config.fingerprint_dim, config.dataset, config.fingerprint_encoder, config.normalisation
+    )
     check_unclustered(config)
     if config.drift_fraction and (config.num_clusters < 2 or not kind.clustered):
         raise FedcondError(

@@ -412,3 +412,32 @@ def evaluate(
     count = len(images)
     mean_loss = total_loss / count
     return EvalResult(mean_loss, math.sqrt(mean_loss) if regression else correct / count, count, class_correct)
+
+
+#: A round whose mean training loss is this many times chance's (ln of the classes) has diverged.
+DIVERGED_OVER_CHANCE = 100.0
+#: A regression task has no chance level: this many times its first round's mean training loss.
+DIVERGED_OVER_FIRST = 1e4
+
+
+def check_not_diverged(
+    server_round: int, train_loss: float, num_classes: int, first_loss: float, learning_rate: float
+) -> None:
+    """Stop the run, in one line naming the setting to change, when round ``server_round``'s mean
+    training loss has exploded: finite (an infinite loss fails its client already) but over 100 times
+    chance's ln(classes) (a regression task: 10,000 times its first round's, ``first_loss``), where a
+    run only sits at chance from then on and would otherwise end "finished". NaN (a loss the clients
+    withhold under DP-SGD) says nothing."""
+    if not math.isfinite(train_loss):
+        return
+    if num_classes > 1:
+        bound, why = DIVERGED_OVER_CHANCE * math.log(num_classes), f"{DIVERGED_OVER_CHANCE:g} times chance's"
+    elif math.isfinite(first_loss) and first_loss > 0:
+        bound, why = DIVERGED_OVER_FIRST * first_loss, f"{DIVERGED_OVER_FIRST:g} times round 1's"
+    else:
+        return
+    if train_loss > bound:
+        raise FedcondError(
+            f"round {server_round}: the mean training loss reached {train_loss:.3g}, over {bound:.3g} ({why}): "
+            f"training diverged; lower learning-rate (now {learning_rate:g})"
+        )

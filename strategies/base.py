@@ -52,6 +52,7 @@ from fedcond.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundPartic
 from fedcond.privacy import SampleLevelPrivacy
 from fedcond.scenarios import Scenario, drift_partners_of
 from fedcond.secagg_settings import SecureAggregation
+from fedcond.training import check_not_diverged
 from strategies.federation import NODE_TIMEOUT, ROUND_TIMEOUT, all_clients, message_timeout
 from strategies.membership import Membership, PartitionProxy
 from strategies.round_tracking import (
@@ -283,12 +284,13 @@ class FedcondStrategy(Strategy):
 
         Subclasses that hold more extend both (per-client entries keyed by partition id).
         """
-        pending = self.tracker.pending
+        pending, participation = self.tracker.pending, self.tracker.pending_participation
         return {}, {
             "shared_config": dict(self.shared_config),
             "secure_sum_bytes": self.secure_sum_bytes,
             # evaluate-in-fit: the last round's record, whose evaluations the next round's fit brings.
             "pending_round": dataclasses.asdict(pending) if pending is not None else None,
+            "pending_participation": participation.as_state() if participation is not None else None,
         }
 
     def checkpoint_saved(self) -> None:
@@ -300,6 +302,8 @@ class FedcondStrategy(Strategy):
         self.secure_sum_bytes = int(values["secure_sum_bytes"])
         pending = values.get("pending_round")
         self.tracker.pending = RoundRecord(**pending) if pending else None
+        participation = values.get("pending_participation")
+        self.tracker.pending_participation = RoundParticipation.from_state(participation) if participation else None
 
     # -- Flower's Strategy API -------------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
@@ -441,11 +445,19 @@ class FedcondStrategy(Strategy):
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         answered = answered_replies(FIT, results, failures, self.participation)
-        # The last round's row first: its evaluations came back even if the policy now stops the run.
-        self.tracker.complete_pending(evaluations_in(answered))
+        # The last round's row first: its evaluations came back even if the policy now stops the run;
+        # a sampled client whose reply did not come did not evaluate it either.
+        self.report_failures(self.tracker.complete_pending(evaluations_in(answered), self.sampled, self.participation))
         self.enforce_policy(FIT)
         self.tracker.received_fit(answered, count_bytes=not self.peer_to_peer)
+        self.check_not_diverged(server_round)
         return self.combine(server_round, answered), {}
+
+    def check_not_diverged(self, server_round: int) -> None:
+        """Stop the run when the round's mean training loss exploded (``fedcond.training``)."""
+        config = self.inputs.config
+        check_not_diverged(server_round, self.tracker.train_loss, self.inputs.num_classes,
+                           self.tracker.first_train_loss, config.learning_rate)  # fmt: skip
 
     def aggregate_secure_fit(self, server_round: int, outcome: SecureSum) -> Parameters | None:
         """The fit step's end under SecAgg+: the protocol's dropouts are the round's fit failures, the
@@ -460,6 +472,7 @@ class FedcondStrategy(Strategy):
         train_loss = float("nan") if SampleLevelPrivacy.of(self.inputs.config).dp_sgd else float(loss[0])
         self.tracker.sent(outcome.bytes_down)
         self.tracker.received_secure_fit(outcome.bytes_up, train_loss, outcome.epsilon)
+        self.check_not_diverged(server_round)
         return self.combine_sum(server_round, model)
 
     def configure_evaluate(
@@ -516,7 +529,7 @@ class FedcondStrategy(Strategy):
         self.closed_round = server_round
         self.record_class_accuracy(participating, held_out)
         return self.tracker.finish_round(
-            server_round, participating, held_out, self.participation.counts(), self.defers_evaluation(server_round)
+            server_round, participating, held_out, self.participation, self.defers_evaluation(server_round)
         )
 
     def record_class_accuracy(

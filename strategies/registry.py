@@ -19,6 +19,7 @@ from fedcond import privacy, secagg_settings
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import CHECKPOINT_EVERY, RESUME
+from fedcond.live_curves import LIVE_CURVES
 from fedcond.metrics import PER_CLASS_ACCURACY
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.pooled import POOLED_METHODS
@@ -194,6 +195,7 @@ def shared_options() -> tuple[SharedOptions, ...]:
         *CLIENT_SHARED,
         SharedOptions("privacy", EVERY_METHOD, client_dp.OPTIONS),
         SharedOptions("resume", "the run", (RESUME, CHECKPOINT_EVERY)),
+        SharedOptions("files", "the run", (LIVE_CURVES,)),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from typing import TypeVar
@@ -14,7 +15,7 @@ from fedcond.config import Option
 from fedcond.history import RoundRecord, RunRecorder
 from fedcond.messages import ACCURACY, ADAPTED_ACCURACY, EPSILON, ERROR, TRAIN_LOSS
 from fedcond.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
-from fedcond.participation import RoundParticipation
+from fedcond.participation import Failure, RoundParticipation
 from strategies.federation import failure_reason
 from strategies.membership import PartitionProxy
 
@@ -97,11 +98,13 @@ class RoundTracker:
         self.bytes_down = 0
         self.bytes_up = 0
         self.train_loss = float("nan")
+        self.first_train_loss = float("nan")
         self.ari = float("nan")
         self.epsilon = float("nan")
         #: With evaluate-in-fit: the last round's record, all but the training clients' evaluations,
-        #: which the next round's fit replies bring (``complete_pending``).
+        #: which the next round's fit replies bring (``complete_pending``), and who took part in it.
         self.pending: RoundRecord | None = None
+        self.pending_participation: RoundParticipation | None = None
 
     def start_round(self) -> None:
         self.round_start = time.perf_counter()
@@ -112,6 +115,7 @@ class RoundTracker:
     def resume_after(self, history: Sequence[RoundRecord]) -> None:
         """Go on from the rounds a resumed run finished before."""
         self.elapsed_before = history[-1].elapsed_seconds if history else 0.0
+        self.first_train_loss = next((r.train_loss for r in history if math.isfinite(r.train_loss)), float("nan"))
 
     def sent(self, num_bytes: int) -> None:
         self.bytes_down += num_bytes
@@ -132,6 +136,7 @@ class RoundTracker:
         if count_bytes:
             self.bytes_up += sum(parameters_bytes(res.parameters) for _, res in results)
         self.train_loss = weighted_mean((float(res.metrics[TRAIN_LOSS]), res.num_examples) for _, res in results)
+        self.note_first_loss()
         # Sample-level DP: the worst-off client's cumulative epsilon (clients report it, fedcond.privacy).
         spent = [float(res.metrics[EPSILON]) for _, res in results if EPSILON in res.metrics]
         self.epsilon = max(spent, default=float("nan"))
@@ -142,21 +147,28 @@ class RoundTracker:
         self.bytes_up += bytes_up
         self.train_loss = train_loss
         self.epsilon = epsilon
+        self.note_first_loss()
+
+    def note_first_loss(self) -> None:
+        """The run's first finite mean training loss: a regression task's scale for divergence."""
+        if math.isnan(self.first_train_loss) and math.isfinite(self.train_loss):
+            self.first_train_loss = self.train_loss
 
     def finish_round(
         self,
         server_round: int,
         results: Sequence[tuple[int, EvaluateRes]],
         held_out: Sequence[tuple[int, EvaluateRes]] = (),
-        counts: dict[str, int] | None = None,
+        participation: RoundParticipation | None = None,
         deferred: bool = False,
     ) -> RoundRecord:
         """The round's record from the training clients' evaluations (``results``) and, kept apart,
-        the held-out clients' (``heldout_accuracy``: NaN when there are none); ``counts`` says who
-        took part (``RoundParticipation.counts``). Only evaluations that came back count.
+        the held-out clients' (``heldout_accuracy``: NaN when there are none); ``participation`` says
+        who took part. Only evaluations that came back count.
 
         ``deferred``: the training clients evaluate this round's model in the next round's fit
         (evaluate-in-fit); the record waits in ``pending`` until ``complete_pending`` fills it in."""
+        counts = participation.counts() if participation is not None else {}
         accuracy, loss, per_cluster = summarise_evaluations(self.evaluations(results))
         newcomers = self.evaluations(held_out)
         heldout_accuracy = summarise_evaluations(newcomers)[0] if held_out else float("nan")
@@ -174,9 +186,10 @@ class RoundTracker:
             ari=self.ari,
             heldout_accuracy=heldout_accuracy,
             epsilon=self.epsilon,
-            **(counts or {}),
+            **counts,
             **Spread.of(self.evaluations(results), self.metric).as_fields(),
             **Spread.of(newcomers, self.metric).as_fields("heldout_"),
+            clients_evaluated=len(results),
             drifted_accuracy=self.drifted_accuracy(results),
             heldout_adapted_accuracy=weighted_mean(
                 (float(res.metrics[ADAPTED_ACCURACY]), res.num_examples)
@@ -185,28 +198,38 @@ class RoundTracker:
             ),
         )
         if deferred:
-            self.pending = record
+            self.pending, self.pending_participation = record, participation
         else:
             self.record(record)
         return record
 
-    def complete_pending(self, results: Sequence[tuple[int, EvaluateRes]]) -> RoundRecord | None:
-        """The pending round's record with the training clients' evaluations of its model, which the
-        fit replies of the round after it brought; recorded and printed (None: nothing pending)."""
-        if self.pending is None:
-            return None
+    def complete_pending(
+        self, results: Sequence[tuple[int, EvaluateRes]], expected: Sequence[int], carrier: RoundParticipation
+    ) -> list[Failure]:
+        """Record (and print) the pending round's record with the training clients' evaluations of its
+        model, which the fit replies of the round after it (``carrier``) brought from the ``expected``
+        clients. A client whose evaluation did not come has not answered the pending round: its
+        counts say so, and the returned failures (none when nothing was pending) name each one."""
+        pending, participation = self.pending, self.pending_participation
+        if pending is None:
+            return []
+        if participation is None:
+            participation = RoundParticipation(pending.round, [p for p, _ in results])
+        participation.missed_evaluations(expected, (p for p, _ in results), carrier)
         evaluations = self.evaluations(results)
         accuracy, loss, per_cluster = summarise_evaluations(evaluations)
         record = dataclasses.replace(
-            self.pending,
+            pending,
             accuracy=accuracy,
             loss=loss,
             cluster_accuracy=per_cluster,
+            clients_evaluated=len(evaluations),
+            **participation.counts(),
             **Spread.of(evaluations, self.metric).as_fields(),
         )
-        self.pending = None
+        self.pending = self.pending_participation = None
         self.record(record)
-        return record
+        return participation.new_failures()
 
     def drifted_accuracy(self, results: Sequence[tuple[int, EvaluateRes]]) -> float:
         """The drifting clients' sample-weighted accuracy (NaN without drift)."""

@@ -105,3 +105,22 @@ def test_compare_prints_only_its_own_lines_and_keeps_flowers_and_rays_in_each_ru
     log = (out / "runs" / "method-fedavg_seed-0" / "flower.log").read_text()
     assert "run_simulation" in log  # Flower's own (deprecation) warning, here rather than on the terminal
     assert not list((out / "runs").glob(".*.flower.log"))  # moved into the run's folder
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["compare", "--dataset", "digits", "data-fraction=0.5", "--methods", "conditional", "--out", "{out}",
+         "fingerprint={fingerprint}", "--dry-run"],
+        ["run", "data-fraction=0.5", "--dry-run", "fingerprint={fingerprint}", "method=conditional"],
+    ],
+    ids=["compare", "run"],
+)  # fmt: skip
+def test_settings_may_come_anywhere_among_the_options(tmp_path, capsys, words):
+    """A setting after an option is read as a setting, not refused by argparse: a good value runs
+    (the dry run), a bad one gets the setting's own one-line refusal."""
+    fill = {"out": str(tmp_path / "o")}
+    assert main([word.format(**fill, fingerprint="class-mean") for word in words]) == 0
+    assert "conditional" in capsys.readouterr().out
+    assert main([word.format(**fill, fingerprint="nonsense") for word in words]) == 2
+    assert capsys.readouterr().err.startswith("fedcond: error: unknown fingerprint 'nonsense'; choose one of")

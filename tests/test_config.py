@@ -34,6 +34,7 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
         "newcomer-steps",  # held-out clients' adaptation (fedcond.newcomers)
         "per-class-accuracy",  # the final round's score per class (fedcond.metrics, Table IX)
         "ifca-models",  # IFCA's K where it is not the true number of clusters (partitions without clusters)
+        "live-curves",  # TensorBoard event files as rounds end (fedcond.live_curves)
     }  # fmt: skip
     assert keys <= set(default_config())
     config = run_config({"method": "ditto", "ditto-lambda": 2})

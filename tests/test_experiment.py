@@ -78,7 +78,7 @@ def test_metrics_csv_is_tidy_one_row_per_method_seed_round(tmp_path):
         "fingerprint", "conditioning", "method", "seed",
     ]  # fmt: skip
     # Who took part (history.csv's clients_* columns) follows the metrics: every run here has them.
-    participation = ["clients_asked", "clients_answered", "clients_failed", "clients_timed_out"]
+    participation = ["clients_asked", "clients_answered", "clients_failed", "clients_timed_out", "clients_evaluated"]
     assert [*METRIC_COLUMNS, *participation] == reader.fieldnames[10:]
     for column in ("accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari"):
         assert column in reader.fieldnames
@@ -249,6 +249,18 @@ def test_summary_ranks_methods_with_confidence_intervals():
     assert math.isnan(confidence_half_width([0.5]))
 
 
+def test_the_best_round_under_sampling_is_one_every_client_scored():
+    """Round 1 of each run was scored by a sample of 2 of 10 clients (clients-per-round), which happened
+    to score high; the best round is the best that all 10 scored."""
+    rows = [r for r in synthetic_rows() if r["num_clusters"] == "2" and r["method"] == "oracle"]
+    for row in rows:
+        sampled = row["round"] == "1"
+        row |= {"clients_evaluated": "2" if sampled else "10", "accuracy": "0.99" if sampled else row["accuracy"]}
+    extra = [row | {"round": "3", "clients_evaluated": "10", "accuracy": "0.5"} for row in rows if row["round"] == "2"]
+    (oracle,) = summarise(rows + extra)
+    assert (oracle.best_round, oracle.best_accuracy) == (2, pytest.approx(0.92))
+
+
 def test_paper_table_puts_methods_down_and_k_across_with_the_best_in_bold():
     table = paper_table(synthetic_rows(), TableSpec(columns=("num-clusters",), groups="dataset"))
     lines = table.splitlines()
@@ -355,6 +367,16 @@ def test_a_profile_that_extends_another_starts_from_its_keys_and_a_loop_is_refus
         read_grid_file(grid, "a")
 
 
+def test_a_label_with_punctuation_names_its_folder_without_stray_hyphens():
+    experiment = Experiment(
+        {"num-clusters": 2, "clients-per-cluster": 2},
+        {"variant": [{"label": "Global (pooled-global)", "method": "pooled-global"},
+                     {"label": "CFL (authors' eps 0.4, 1.6)", "method": "cfl", "cfl-eps1": 0.4}], "seed": [0]},
+    )  # fmt: skip
+    names = [run.name for run in plan(experiment, default_config(), Path("/nonexistent/runs"))]
+    assert names == ["variant-Global-pooled-global_seed-0", "variant-CFL-authors-eps-0.4-1.6_seed-0"]
+
+
 def test_bundled_axis_values_set_several_keys_and_label_the_run():
     experiment = read_grid_file(next(g for g in GRIDS if g.stem == "e2b-rotation"), "quick")
     runs = plan(experiment, default_config(), Path("/nonexistent/runs"))
@@ -386,8 +408,16 @@ def test_dry_run_lists_the_runs_without_running_them(tmp_path, capsys):
     assert main(["sweep", str(grid), "--profile", "quick", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("todo  dataset-mnist_num-clusters-2_method-fedavg_seed-0  (10 clients, 10 rounds)")
-    assert printed[-1] == "10 runs, 1750 client-rounds in all"
+    assert printed[-1] == "10 runs, 1750 client-rounds of training in all"
     assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_a_dry_runs_client_rounds_count_the_sample_a_round_trains_not_every_client(tmp_path, capsys):
+    arguments = ["compare", "--methods", "fedavg", "--rounds", "4", "--out", str(tmp_path / "o"), "--dry-run"]
+    assert main([*arguments, "clients-per-round=5", "held-out-clients=1"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2] == "todo  method-fedavg_seed-0  (18 clients, 5 trained a round, 4 rounds)"
+    assert printed[-1] == "1 runs, 20 client-rounds of training in all"
 
 
 def test_heldout_accuracy_joins_the_tidy_file_and_summary_only_when_measured(tmp_path):
@@ -604,3 +634,30 @@ def test_parallel_runs_need_the_in_process_runner(tmp_path, capsys):
     arguments = ["compare", "--methods", "fedavg", "--out", str(tmp_path / "o"), "--parallel", "2"]
     assert main(arguments) == 2
     assert "add --runner in-process or drop --parallel" in capsys.readouterr().err
+
+
+class TimedRunner(FakeRunner):
+    """Rounds of a known length (the history's ``seconds``: 5 s) written at once; the first run
+    fails after 2 of its 10 rounds."""
+
+    def __call__(self, config: RunConfig) -> None:
+        recorder = RunRecorder(results_folder(config), config.resolved(), {}, config.num_clusters)
+        for number in range(1, 3 if config.seed == 0 else config.num_server_rounds + 1):
+            recorder.add(RoundRecord(number, 0.5, 1.0, 1.0, 5.0, 5.0 * number, 1000, 500))
+        if config.seed == 0:
+            recorder.fail("training loss became nan in round 3; lower learning-rate")
+        else:
+            recorder.finish()
+
+
+def test_the_time_left_counts_rounds_at_their_own_length_and_drops_a_failed_runs_unrun_rounds(tmp_path):
+    """Two runs of 10 rounds of 5 s; the first fails at round 3. Then 9 rounds are left after the
+    second run's first: 45 s, whatever the wall clock of these instant fake runs says."""
+    stream = io.StringIO()
+    experiment = Experiment({"num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 10},
+                            {"method": ["fedavg"], "seed": [0, 1]}, kind="compare")  # fmt: skip
+    run_experiment(experiment, default_config(), tmp_path, TimedRunner(), stream)
+    lines = [line for line in stream.getvalue().splitlines() if "| about" in line]
+    assert lines[0].endswith("round 1/10 accuracy 0.5000 | about 2 min left")  # 19 rounds of 5 s: 95 s
+    assert "[2/2] method-fedavg_seed-1: round 1/10 accuracy 0.5000 | about 45 s left" in lines[2]
+    assert lines[-1].endswith("round 10/10 accuracy 0.5000 | about 0 s left")

@@ -7,6 +7,7 @@ exactly the results and failures a real round gives them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -33,9 +34,20 @@ from flwr.server.server import evaluate_clients, fit_clients
 
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder, results_folder
-from fedcond.messages import ACCURACY, CHOICE, ERROR, PARTITION_ID, TRAIN_LOSS
+from fedcond.messages import (
+    ACCURACY,
+    CHOICE,
+    ERROR,
+    EVALUATE_FIRST,
+    EVALUATED_ACCURACY,
+    EVALUATED_EXAMPLES,
+    EVALUATED_LOSS,
+    PARTITION_ID,
+    TRAIN_LOSS,
+)
 from fedcond.participation import FAILED, TIMED_OUT, RoundParticipation, required_answers
 from fedcond.scenarios import scenario_for
+from fedcond.training import check_not_diverged
 from strategies.base import EMPTY, FedcondStrategy, StrategyInputs
 from strategies.federation import classify_failure, failure_reason
 from strategies.membership import Membership
@@ -57,6 +69,7 @@ class FakeNode(ClientProxy):
         super().__init__(cid)
         self.partition, self.cluster, self.fit_error = partition, cluster, fit_error
         self.identity_questions = 0
+        self.train_loss = 1.0
 
     def identity(self) -> dict[str, int]:
         return {PARTITION_ID: self.partition}
@@ -68,7 +81,9 @@ class FakeNode(ClientProxy):
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
         if self.fit_error:
             raise ValueError(self.fit_error)
-        metrics = {TRAIN_LOSS: 1.0, CHOICE: self.cluster}
+        metrics: dict[str, Scalar] = {TRAIN_LOSS: self.train_loss, CHOICE: self.cluster}
+        if ins.config.get(EVALUATE_FIRST):  # evaluate-in-fit: the last round's model, scored 0.1 x (partition + 1)
+            metrics |= {EVALUATED_LOSS: 0.5, EVALUATED_EXAMPLES: 20, EVALUATED_ACCURACY: 0.1 * (self.partition + 1)}
         return FitRes(
             Status(Code.OK, ""), ndarrays_to_parameters(layer_model(self.partition + 1)), self.samples, metrics
         )
@@ -218,6 +233,74 @@ def test_a_node_that_left_fails_before_it_is_asked_and_counts_once(tmp_path):
     }  # fmt: skip
     # Only the clients that answered evaluate make the round's numbers.
     assert record.accuracy == pytest.approx(0.75) and record.cluster_accuracy == {0: 0.75, 1: 0.75}
+
+
+LEAVES, CRASHES = "leaves", "crashes"
+
+
+@pytest.mark.parametrize("resumed", [False, True], ids=["", "resumed"])
+@pytest.mark.parametrize("how", [LEAVES, CRASHES])
+def test_a_client_lost_in_round_2_has_not_evaluated_round_1_whose_model_its_fit_was_to_score(tmp_path, how, resumed):
+    """One message a round: round 1's model is scored in round 2's fit replies. A client lost there
+    never scored it, so round 1's record counts it as failed, names it, and averages the others."""
+    strategy = strategy_for("fedavg", tmp_path / "run", **{"min-answered-fraction": 0.5})
+    nodes = two_by_two()
+    manager = federation(nodes)
+    strategy.initialize_parameters(manager)
+    fit_round(strategy, manager, 1)
+    strategy.end_round(1)  # evaluate-in-fit, no held-out clients: round 1's evaluation step asked no one
+    assert strategy.inputs.recorder.records == []  # type: ignore[union-attr]
+    if resumed:  # the checkpoint holds round 1's pending record and who took part in it
+        models, values = strategy.state()
+        recorder = strategy.inputs.recorder
+        strategy = strategy_for("fedavg", None, **{"min-answered-fraction": 0.5})
+        strategy.inputs = dataclasses.replace(strategy.inputs, recorder=recorder)
+        strategy.tracker.recorder = recorder
+        strategy.initialize_parameters(manager)
+        strategy.load_state(models, json.loads(json.dumps(values)))
+    if how == LEAVES:
+        manager.unregister(nodes[3])
+    else:
+        nodes[3].fit_error = "the client crashed"
+    fit_round(strategy, manager, 2)
+    (record,) = strategy.inputs.recorder.records  # type: ignore[union-attr]
+    assert (record.round, record.clients_asked, record.clients_answered, record.clients_failed) == (1, 4, 3, 1)
+    # Partitions 0-2 (10, 20 and 30 samples' worth of nothing: each reports 20 examples) scored it.
+    assert record.accuracy == pytest.approx((0.1 + 0.2 + 0.3) / 3)
+    assert record.cluster_accuracy == pytest.approx({0: 0.15, 1: 0.3})
+    cause = "node left" if how == LEAVES else "the client crashed"
+    (folder,) = (tmp_path / "run").iterdir()
+    failures = json.loads((folder / "run.json").read_text())["failures"]
+    assert {"round": 1, "stage": "evaluate", "partition-id": 3, "outcome": "failed",
+            "reason": f"its evaluation was to come with round 2's fit, which failed: {cause}"} in failures  # fmt: skip
+    assert sorted((f["round"], f["stage"]) for f in failures if f["partition-id"] == 3) == [(1, "evaluate"), (2, "fit")]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "oracle", "ifca", "dac"])
+def test_a_training_loss_that_explodes_stops_the_run_in_one_line_naming_the_learning_rate(method):
+    """Finite but far past chance (ln 10 = 2.3 on digits): the run stops rather than sit at chance
+    to the end and say "finished"."""
+    strategy = strategy_for(method, **{"learning-rate": 0.05})
+    nodes = two_by_two()
+    manager = federation(nodes)
+    strategy.initialize_parameters(manager)
+    for node in nodes:
+        node.train_loss = 200.0  # under 100 x ln 10 = 230: a bad round, not a diverged one
+    fit_round(strategy, manager, 1)
+    nodes[0].train_loss = 7e12
+    with pytest.raises(FedcondError) as error:
+        fit_round(strategy, manager, 2)
+    assert str(error.value) == (
+        "round 2: the mean training loss reached 7e+11, over 230 (100 times chance's): training diverged; "
+        "lower learning-rate (now 0.05)"
+    )
+
+
+def test_a_regression_tasks_loss_diverges_against_its_first_round_and_nan_says_nothing():
+    check_not_diverged(3, 9.9e4, 1, 10.0, 0.01)  # under 10,000 x round 1's
+    check_not_diverged(3, float("nan"), 10, float("nan"), 0.01)  # withheld under DP-SGD
+    with pytest.raises(FedcondError, match=r"^round 3: the mean training loss reached 1\.01e\+05, over 1e\+05 \(10000"):
+        check_not_diverged(3, 1.01e5, 1, 10.0, 0.01)
 
 
 def test_too_few_connected_nodes_stop_the_round_before_anything_is_sent():

@@ -99,7 +99,12 @@ def test_a_client_computes_the_eigenvector_fingerprint_of_its_own_data():
          "conditioning=lin is not offered for the cnn model of digits; choose one of concat, film, hyper"),
         ({"fingerprint-encoder": "mnist"}, "is an image encoder and synthetic-logistic is a tabular task"),
         ({"fingerprint": "eigenvector", "fingerprint-dim": 13}, "set fingerprint-dim to 1..12"),
-        ({"fingerprint": "eigenvector", "fingerprint-dim": 4, "dataset": "digits", "scenario": "label-shift"}, None),
+        ({"fingerprint": "eigenvector", "fingerprint-dim": 4, "dataset": "digits", "scenario": "label-shift",
+          "normalisation": "none"}, None),
+        ({"fingerprint": "eigenvector", "fingerprint-dim": 4, "dataset": "digits", "scenario": "label-shift",
+          "normalisation": "federated"}, "fingerprint eigenvector z-scored .* on digits makes each of its 296 values "
+         r"unit-spread, .* set normalisation=none \(each eigenvector is unit-norm already"),
+        ({"fingerprint": "eigenvector", "fingerprint-dim": 1, "normalisation": "federated"}, None),
         ({"fingerprint-encoder": "synthetic-logistic", "dataset": "digits", "scenario": "label-shift"},
          "unknown fingerprint-encoder 'synthetic-logistic'"),
         ({"ensemble-size": 0}, "ensemble-size must be in 1..64"),

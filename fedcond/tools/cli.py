@@ -514,6 +514,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if words[:1] == ["supernode"] and words[1:2] not in (["-h"], ["--help"]):
         # flower-supernode's own options follow: argparse would take them for fedcond's.
         arguments = argparse.Namespace(command="supernode", arguments=words[1:])
+    elif words[:1] and words[0] in commands.choices:
+        # Settings may come anywhere among the options (`--out X fingerprint=class-mean`), as users
+        # write them: each command's own parser reads its words intermixed (the top-level parser
+        # cannot: argparse does not intermix across subcommands).
+        arguments = commands.choices[words[0]].parse_intermixed_args(words[1:])
+        arguments.command = words[0]
     else:
         arguments = parser.parse_args(words)
     try:

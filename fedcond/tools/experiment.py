@@ -44,6 +44,7 @@ from fedcond.history import (
     row_on_disk,
     run_status,
 )
+from fedcond.live_curves import LIVE_CURVES
 
 # Every tidy row names the scenario it came from, so results of several experiments concatenate.
 SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
@@ -61,12 +62,13 @@ METRIC_COLUMNS = (
 )  # fmt: skip
 # Written when a run's history has them (added by later features); never required.
 OPTIONAL_METRIC_COLUMNS = (
-    "heldout_accuracy", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out", *SPREAD_COLUMNS,
+    "heldout_accuracy", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out", "clients_evaluated",
+    *SPREAD_COLUMNS,
     "heldout_adapted_accuracy", "drifted_accuracy",
 )  # fmt: skip
 # Settings that say where a run lives, how chatty it is, where it resumes from or how often it saves
 # its checkpoint, not what it computes: a sweep may change them in a folder of finished runs.
-PLACEMENT_KEYS = (*PATH_KEYS, "run-name", "verbose", RESUME.key, CHECKPOINT_EVERY.key)
+PLACEMENT_KEYS = (*PATH_KEYS, "run-name", "verbose", RESUME.key, CHECKPOINT_EVERY.key, LIVE_CURVES.key)
 EXPERIMENT_FILE = "experiment.json"
 # Held by the compare or sweep working in the folder (``experiment_lock``).
 LOCK_FILE = ".fedcond.lock"
@@ -296,8 +298,10 @@ def _settings_of(axis: str, value: Any) -> dict[str, Any]:
 
 
 def _folder_name(labels: Mapping[str, str]) -> str:
-    text = "_".join(f"{axis}-{value}" for axis, value in labels.items()) or "run"
-    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text)
+    """``axis-value`` parts joined by ``_``; a value's other characters become single hyphens, none at
+    its ends (a label "Global (pooled-global)" gives ``variant-Global-pooled-global``)."""
+    parts = [f"{axis}-{re.sub(r'[^A-Za-z0-9._+-]+', '-', value).strip('-')}" for axis, value in labels.items()]
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", "_".join(parts)) or "run"
 
 
 def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> list[PlannedRun]:
@@ -396,19 +400,31 @@ def prepare_folder(run: PlannedRun, runs_dir: Path, stream: TextIO) -> PlannedRu
 
 class Progress:
     """Prints which run and which round is going, with the estimated time left, by watching
-    the run's ``history.csv`` grow (the run itself stays unaware of being watched)."""
+    the run's ``history.csv`` grow (the run itself stays unaware of being watched).
+
+    The estimate is the rounds still to run times the mean round (the history's own ``seconds``),
+    plus each run not yet started times the mean set-up (a run's wall time beyond its rounds': data,
+    fingerprints, Flower and Ray starting), so neither a slow start nor a run that failed early
+    (its unrun rounds leave the count) skews it.
+    """
 
     def __init__(self, pending: Sequence[PlannedRun], stream: TextIO, interval: float = 1.0) -> None:
-        self.total_rounds = sum(run.config.num_server_rounds - run.rounds_done for run in pending)
-        self.rounds_done = 0
-        self.seconds_spent = 0.0
+        self.rounds_left = sum(run.config.num_server_rounds - run.rounds_done for run in pending)
+        self.runs_to_start = len(pending)
+        self.rounds_timed = 0
+        self.round_seconds = 0.0
+        #: Each finished run's wall time beyond its rounds' own.
+        self.set_ups: list[float] = []
         self.stream = stream
         self.interval = interval
 
-    def eta(self, rounds_done: int, seconds: float) -> str:
-        if rounds_done == 0:
+    def eta(self, current_set_up: float) -> str:
+        """The time left, while a run whose set-up took ``current_set_up`` so far goes on."""
+        if self.rounds_timed == 0:
             return "estimating time left"
-        left = (self.total_rounds - rounds_done) * seconds / rounds_done
+        per_round = self.round_seconds / self.rounds_timed
+        per_run = sum(self.set_ups) / len(self.set_ups) if self.set_ups else current_set_up
+        left = self.rounds_left * per_round + self.runs_to_start * per_run
         return f"about {format_duration(left)} left"
 
     def watch(self, run: PlannedRun, folder: Path, position: str, work: Callable[[], None]) -> None:
@@ -417,6 +433,8 @@ class Progress:
         started = time.monotonic()
         rounds = run.config.num_server_rounds
         metric = dataset_metric(run.config.dataset)
+        self.runs_to_start -= 1
+        ran = {"rounds": 0, "seconds": 0.0}
 
         def report() -> None:
             # A resumed run's history starts with the rounds finished before: those are not news.
@@ -426,11 +444,16 @@ class Progress:
                 finished = stop.wait(self.interval)
                 rows = read_history(folder / "history.csv", metric)
                 for row in rows[seen:]:
-                    done = self.rounds_done + int(row["round"]) - run.rounds_done
-                    spent = self.seconds_spent + time.monotonic() - started
+                    seconds = float(row["seconds"])
+                    self.rounds_left -= 1
+                    self.rounds_timed += 1
+                    self.round_seconds += seconds
+                    ran["rounds"] += 1
+                    ran["seconds"] += seconds
+                    set_up = max(0.0, time.monotonic() - started - ran["seconds"])
                     print(
                         f"  {position} {run.name}: round {row['round']}/{rounds} {metric} "
-                        f"{float(row['accuracy']):.4f} | {self.eta(done, spent)}",
+                        f"{float(row['accuracy']):.4f} | {self.eta(set_up)}",
                         file=self.stream,
                         flush=True,
                     )
@@ -443,8 +466,9 @@ class Progress:
         finally:
             stop.set()
             watcher.join()
-            self.rounds_done += rounds - run.rounds_done
-            self.seconds_spent += time.monotonic() - started
+            # The rounds a failed run never ran will not run: they leave the count.
+            self.rounds_left -= rounds - run.rounds_done - ran["rounds"]
+            self.set_ups.append(max(0.0, time.monotonic() - started - ran["seconds"]))
 
 
 def format_duration(seconds: float) -> str:
@@ -476,15 +500,20 @@ def check_data(planned: Sequence[PlannedRun]) -> None:
 
 def describe_plan(experiment: Experiment, base: Mapping[str, Any], out: Path) -> str:
     """What a sweep would do: every run with its client count, and which are finished already."""
+    from strategies.sampling import clients_per_round
+
     runs_dir = (out / "runs").resolve()
     planned = plan(experiment, base, runs_dir)
     lines = []
     for run in planned:
         done = run_status(runs_dir / run.name) == "finished"
-        lines.append(f"{'done' if done else 'todo'}  {run.name}  ({run.config.num_clients} clients, "
+        sample = clients_per_round(run.config)
+        sampled = f", {sample} trained a round" if sample < run.config.num_training_clients else ""
+        lines.append(f"{'done' if done else 'todo'}  {run.name}  ({run.config.num_clients} clients{sampled}, "
                      f"{run.config.num_server_rounds} rounds)")  # fmt: skip
-    client_rounds = sum(run.config.num_clients * run.config.num_server_rounds for run in planned)
-    lines.append(f"{len(planned)} runs, {client_rounds} client-rounds in all")
+    # A client-round is one client's training in one round: a sample's size a round, held-out clients none.
+    client_rounds = sum(clients_per_round(run.config) * run.config.num_server_rounds for run in planned)
+    lines.append(f"{len(planned)} runs, {client_rounds} client-rounds of training in all")
     return "\n".join(lines)
 
 

@@ -135,6 +135,16 @@ def rows_metric(rows: Iterable[Row]) -> str:
     return metrics.pop() if len(metrics) == 1 else "accuracy"
 
 
+def fully_scored(history: Sequence[Row]) -> list[bool]:
+    """Per round of one run, whether every training client that answered scored it: its
+    ``clients_evaluated`` is the run's most (the last round's, which every client scores); a history
+    written before the column existed counts every round."""
+    counts = [as_float(row.get("clients_evaluated", "")) for row in history]
+    if not counts or not all(math.isfinite(count) for count in counts):
+        return [True] * len(history)
+    return [count == max(counts) for count in counts]
+
+
 def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
     """Per method (rows of one scenario), ranked by mean final score, best first (the highest
     accuracy; the lowest RMSE)."""
@@ -144,8 +154,15 @@ def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
     for method, histories in by_method.items():
         finals = [as_float(history[-1]["accuracy"]) for history in histories]
         rounds = min(len(history) for history in histories)
-        # The best round of the mean curve: what a user stopping at the right moment would get.
-        curve = [_mean(as_float(history[r]["accuracy"]) for history in histories) for r in range(rounds)]
+        # The best round of the mean curve: what a user stopping at the right moment would get; only
+        # among rounds every training client scored (a sample's score is not the federation's).
+        scored = [fully_scored(history) for history in histories]
+        curve = [
+            _mean(as_float(history[r]["accuracy"]) for history in histories)
+            if all(full[r] for full in scored)
+            else math.nan
+            for r in range(rounds)
+        ]
         best = int(np.nanargmin(curve) if lower else np.nanargmax(curve)) if rounds else 0
         summaries.append(
             MethodSummary(
