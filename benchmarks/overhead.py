@@ -3,6 +3,7 @@
     python benchmarks/overhead.py --quick                      # tiny digits smoke workload (~1 min)
     python benchmarks/overhead.py --workload clients-10 --data-dir DIR
     python benchmarks/overhead.py --workload all --data-dir DIR --out benchmarks/results
+    python benchmarks/overhead.py --parts flwr-run --set live-curves=false ...   # a setting's cost
 
 For each workload it runs, one after the other, each as its own process tree:
 
@@ -629,7 +630,8 @@ def benchmark(arguments: argparse.Namespace) -> int:
             elif part == "floor":
                 result = run_floor(name, settings, arguments.threads, out)
             else:
-                result = run_framework(name, settings, arguments.threads, out, part)
+                extra = dict(assignment.split("=", 1) for assignment in arguments.set)
+                result = run_framework(name, {**settings, **extra}, arguments.threads, out, part)
             if result.returncode or result.note:
                 print(f"   {part} exited {result.returncode} {result.note}", flush=True)
             workload_results.append(result)
@@ -674,7 +676,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default="", help="folder with the MNIST idx files (or FEDCOND_DATA_DIR)")
     parser.add_argument("--out", default="", help="results folder (default: a new temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark's Flower home (SuperLink logs)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a run-config setting for the framework's parts (repeatable), e.g. live-curves=false",
+    )  # fmt: skip
     arguments = parser.parse_args(argv)
+    if bad := [assignment for assignment in arguments.set if "=" not in assignment]:
+        parser.error(f"--set {bad[0]}: give KEY=VALUE, e.g. --set live-curves=false")
     if arguments.quick:
         arguments.workload = "quick"
     if not arguments.out:

@@ -420,7 +420,8 @@ def reopen_run(
     """Continue the run in ``folder`` after the rounds of ``history`` (see ``RunRecorder.reopen``)."""
     recorder = RunRecorder.reopen(folder, config, num_clusters, history, note)
     if config.verbose:
-        print(f"fedcond: resuming {folder} from round {len(history) + 1} of {config.num_server_rounds}", flush=True)
+        # The note's round: with evaluate-in-fit the checkpoint's last round may still await its row.
+        print(f"fedcond: resuming {folder} from round {note['from_round']} of {config.num_server_rounds}", flush=True)
         if note.get("restarted_on_clients"):
             print(f"fedcond: starting afresh (kept on clients): {note['restarted_on_clients']}", flush=True)
     return recorder

@@ -222,7 +222,7 @@ def _train_and_record(
         )
         recorder.add(record)
         check_not_diverged(round_number, record.train_loss, num_classes, recorder.records[0].train_loss,
-                           config.learning_rate)  # fmt: skip
+                           f"lower learning-rate (now {config.learning_rate:g})")  # fmt: skip
         if checkpoint_due(config, round_number):
             save_start = time.perf_counter()
             weights, values = _pooled_state(models)

@@ -420,14 +420,13 @@ DIVERGED_OVER_CHANCE = 100.0
 DIVERGED_OVER_FIRST = 1e4
 
 
-def check_not_diverged(
-    server_round: int, train_loss: float, num_classes: int, first_loss: float, learning_rate: float
-) -> None:
+def check_not_diverged(server_round: int, train_loss: float, num_classes: int, first_loss: float, fix: str) -> None:
     """Stop the run, in one line naming the setting to change, when round ``server_round``'s mean
     training loss has exploded: finite (an infinite loss fails its client already) but over 100 times
     chance's ln(classes) (a regression task: 10,000 times its first round's, ``first_loss``), where a
     run only sits at chance from then on and would otherwise end "finished". NaN (a loss the clients
-    withhold under DP-SGD) says nothing."""
+    withhold under DP-SGD) says nothing. ``fix``: the setting to change, as the method knows it
+    (``lower learning-rate (now 0.01)``)."""
     if not math.isfinite(train_loss):
         return
     if num_classes > 1:
@@ -439,5 +438,5 @@ def check_not_diverged(
     if train_loss > bound:
         raise FedcondError(
             f"round {server_round}: the mean training loss reached {train_loss:.3g}, over {bound:.3g} ({why}): "
-            f"training diverged; lower learning-rate (now {learning_rate:g})"
+            f"training diverged; {fix}"
         )

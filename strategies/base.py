@@ -455,9 +455,13 @@ class FedcondStrategy(Strategy):
 
     def check_not_diverged(self, server_round: int) -> None:
         """Stop the run when the round's mean training loss exploded (``fedcond.training``)."""
-        config = self.inputs.config
         check_not_diverged(server_round, self.tracker.train_loss, self.inputs.num_classes,
-                           self.tracker.first_train_loss, config.learning_rate)  # fmt: skip
+                           self.tracker.first_train_loss, self.divergence_fix())  # fmt: skip
+
+    def divergence_fix(self) -> str:
+        """What to change when training diverges: the clients' learning rate, unless a method's own
+        server step is the likelier cause (pFedHN's)."""
+        return f"lower learning-rate (now {self.inputs.config.learning_rate:g})"
 
     def aggregate_secure_fit(self, server_round: int, outcome: SecureSum) -> Parameters | None:
         """The fit step's end under SecAgg+: the protocol's dropouts are the round's fit failures, the

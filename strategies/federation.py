@@ -13,7 +13,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.messages import ERROR
+from fedcond.messages import ERROR, PARTITION_ID, STEP, STEP_IDENTITY
 from fedcond.participation import FAILED, NODE_LEFT, TIMED_OUT
 
 ROUND_TIMEOUT = Option(
@@ -96,10 +96,29 @@ def all_clients(client_manager: ClientManager, config: RunConfig) -> list[Client
         raise FedcondError(
             f"the federation has {found} nodes but num-clusters x (clients-per-cluster{held_out}) = "
             f"{config.num_clusters} x {config.clients_per_cluster + config.held_out_clients} = {expected} "
-            f"(waited {waited} s); run with "
-            f'--federation-config "num-supernodes={expected}" or change clients-per-cluster'
+            f"(waited {waited} s); {missing_nodes(client_manager, expected, waited)}"
         )
     return list(client_manager.all().values())
+
+
+def missing_nodes(client_manager: ClientManager, expected: int, timeout: float) -> str:
+    """Which partitions have no node (the connected nodes are asked which they hold), and the fix, for
+    a deployment and for a simulation."""
+    answers = ask_each(list(client_manager.all().values()), {STEP: STEP_IDENTITY}, timeout)
+    held = {int(str(answer[PARTITION_ID])) for answer in answers if isinstance(answer, dict) and PARTITION_ID in answer}
+    missing = [partition for partition in range(expected) if partition not in held]
+    simulation = f'a simulation: --federation-config "num-supernodes={expected}"'
+    if not missing:
+        return (
+            f"every partition 0..{expected - 1} has a node, and more nodes are connected: stop those whose "
+            f"--node-config names another partition or run ({simulation}), or submit with settings for them"
+        )
+    shown = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+    return (
+        f"partition-id {shown} {'has' if len(missing) == 1 else 'have'} no node: start a SuperNode with "
+        f'--node-config "partition-id={missing[0]} num-partitions={expected} ..." for each ({simulation}), '
+        "or submit with settings for the nodes there are"
+    )
 
 
 def ask_each(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from flwr.common import Context
 from flwr.common.logger import FLOWER_LOGGER
@@ -110,6 +110,21 @@ class _WithoutTraceback(logging.Filter):
 FLOWER_LOGGER.addFilter(_WithoutTraceback())
 
 
+def check_resumed_rounds(config: RunConfig, given: Mapping[str, object]) -> None:
+    """A resume through ``flwr run`` must say how many rounds the run has: Flower fills a key it is not
+    given from pyproject.toml (10 rounds), which would silently extend a shorter run, and the clients
+    read the count from the same run config. ``given``: the keys of ``--run-config`` (Flower's
+    ``override_config``); ``fedcond run resume=`` passes every recorded setting."""
+    folder = resume_folder(config)
+    if folder is None or "num-server-rounds" in given:
+        return
+    recorded = run_info(folder).get("config", {}).get("num-server-rounds")
+    raise FedcondError(
+        f"resume={folder}: give num-server-rounds in --run-config (the run recorded {recorded}: that many finishes "
+        f"it, more extends it); left out, pyproject.toml's {config.num_server_rounds} would be taken"
+    )
+
+
 def make_server_app(config: RunConfig | None = None) -> ServerApp:
     """A ServerApp reading its settings from the run config, or from ``config`` when given (tests)."""
     app = ServerApp()
@@ -117,7 +132,9 @@ def make_server_app(config: RunConfig | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            run_server(grid, config or run_config(context.run_config))
+            settings = config or run_config(context.run_config)
+            check_resumed_rounds(settings, grid.run.override_config)
+            run_server(grid, settings)
         except Exception as error:
             # Any failure (a FedcondError, or an unexpected one such as a client's error at the
             # secure-sum step) ends here as one line: run.json already says failed (failures_recorded).

@@ -124,3 +124,9 @@ def test_settings_may_come_anywhere_among_the_options(tmp_path, capsys, words):
     assert "conditional" in capsys.readouterr().out
     assert main([word.format(**fill, fingerprint="nonsense") for word in words]) == 2
     assert capsys.readouterr().err.startswith("fedcond: error: unknown fingerprint 'nonsense'; choose one of")
+
+
+def test_submit_checks_every_setting_before_anything_is_submitted(capsys):
+    """Flower would answer a misspelled key with `[code: 15] Invalid run configuration` alone."""
+    assert main(["submit", "fl", "num-clusterz=3"]) == 2
+    assert capsys.readouterr().err.startswith("fedcond: error: unknown run-config key 'num-clusterz'; known keys:")

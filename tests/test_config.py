@@ -30,7 +30,7 @@ def test_methods_declare_their_options_and_pyproject_lists_them():
         "client-state-dir", "client-models-memory-mb",  # per-client models outside memory (fedcond.model_store)
         "fedprox-mu", "descriptor-eps", "descriptor-min-samples",  # the competitors (docs/baselines.md)
         "cfl-eps1", "cfl-eps2", "cfl-warmup-rounds", "cfl-min-cluster-size",
-        "pfedhn-embedding-dim", "pfedhn-hidden", "pfedhn-lr", "pfedhn-newcomer-lr",
+        "pfedhn-embedding-dim", "pfedhn-hidden", "pfedhn-lr", "pfedhn-newcomer-lr", "pfedhn-step",
         "newcomer-steps",  # held-out clients' adaptation (fedcond.newcomers)
         "per-class-accuracy",  # the final round's score per class (fedcond.metrics, Table IX)
         "ifca-models",  # IFCA's K where it is not the true number of clusters (partitions without clusters)

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -479,6 +480,16 @@ def test_a_run_the_server_stops_says_why_in_the_submitting_terminal_at_once(tmp_
         assert "Traceback" not in log.read_text()
         (run,) = deployment.flwr_answer(deployment.flwr_process(["list", CONNECTION]), "list")["runs"]
         assert run["status"] == "finished:failed" and reason in run["status-details"]
+        # The same submission through `fedcond submit`: its exit status says the run failed, and why.
+        settings = [f"{key}={value}" for key, value in results.items()]
+        submitted = subprocess.run(
+            [sys.executable, "-m", "fedcond.tools.cli", "submit", CONNECTION, *settings],
+            cwd=deployment.workdir, env=deployment.processes.environment, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert submitted.returncode == 1, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+        assert f"fedcond: error: {reason}" in submitted.stdout  # the ServerApp's line, streamed
+        last = submitted.stderr.strip().splitlines()[-1]
+        assert re.fullmatch(r"fedcond: error: run \d+ finished:failed: .*", last) and reason in last, last
     assert_nothing_left(tmp_path)
 
 
@@ -590,3 +601,61 @@ def test_the_docs_nginx_block_is_the_one_the_proxy_test_runs():
     docs = (Path(__file__).resolve().parents[1] / "docs" / "deployment.md").read_text()
     shown = docs.split("```nginx\n", 1)[1].split("```", 1)[0].split("\n", 1)[1]
     assert shown == fleet_proxy_server("0.0.0.0:39202", 39201, Path("/home/you/fl/certificates"))
+
+
+def test_a_launcher_killed_outright_leaves_nothing_it_started_running(tmp_path):
+    """kill -9 of `fedcond supernode` (or deploy-local) runs no clean-up in it: its guard stops the
+    SuperNode and what the SuperNode started in sessions of their own (here: sleeps standing in)."""
+    script = (
+        "import os, sys, time; from pathlib import Path; from fedcond.tools.processes import Processes\n"
+        "processes = Processes(dict(os.environ), Path(sys.argv[1])); processes.guard()\n"
+        "processes.start('node', ['bash', '-c', 'setsid sleep 300 & exec sleep 300'], Path(sys.argv[1]))\n"
+        "print('started', flush=True); time.sleep(300)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None and launcher.stdout.readline() == "started\n"
+    deadline = time.monotonic() + 20
+    while len(sleeping := [p for p in descendants({launcher.pid}) if psutil.Process(p).name() == "sleep"]) < 2:
+        assert time.monotonic() < deadline, "the launcher's processes did not start"
+        time.sleep(0.1)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in sleeping) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in sleeping if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the launcher's processes outlived it"
+
+
+@pytest.mark.parametrize(
+    ("flower_says", "fedcond_says"),
+    [
+        ("grpc._channel._InactiveRpcError: status = StatusCode.UNAUTHENTICATED", "restarted without --database"),
+        ("ssl_transport_security.cc:1659] Handshake failed ... CERTIFICATE_VERIFY_FAILED", "must be the ca.crt"),
+        ("[code: 2004] Failed to activate SuperNode", "not registered there"),
+    ],
+)
+def test_fedcond_supernode_says_what_a_flower_refusal_means_once(capsys, flower_says, fedcond_says):
+    from fedcond.tools.supernode import _show
+
+    node = subprocess.Popen(["printf", f"{flower_says}\\n{flower_says}\\n"], stdout=subprocess.PIPE)
+    _show(node, ["--superlink", "127.0.0.1:1"])
+    node.wait()
+    printed = capsys.readouterr()
+    assert printed.out.count(flower_says) == 2  # Flower's own lines, as they were
+    (line,) = printed.err.splitlines()  # and fedcond's, once
+    assert line.startswith("fedcond: ") and fedcond_says in line
+
+
+def test_each_flower_home_has_local_superlink_ports_of_its_own_and_keeps_them(tmp_path):
+    """Flower's local SuperLink listens on 39091/39093 whatever its home: a run of one home would
+    attach to another's. fedcond run gives each home its own pair, the same every time."""
+    from fedcond.tools.local_superlink import PORT_VARIABLES, ports_of
+
+    first, again, other = ports_of(tmp_path / "a", {}), ports_of(tmp_path / "a", {}), ports_of(tmp_path / "b", {})
+    assert first == again and set(first.values()).isdisjoint(other.values())
+    assert not {"39091", "39093", "9091", "9093"} & {*first.values(), *other.values()}
+    chosen = dict.fromkeys(PORT_VARIABLES, "45678")  # what the user set stays
+    assert ports_of(tmp_path / "a", chosen) == chosen

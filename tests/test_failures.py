@@ -296,11 +296,33 @@ def test_a_training_loss_that_explodes_stops_the_run_in_one_line_naming_the_lear
     )
 
 
+def test_pfedhns_divergence_names_its_own_server_step_first():
+    assert strategy_for("pfedhn", **{"learning-rate": 0.05}).divergence_fix() == (
+        "lower pfedhn-lr (now 0.002) or set pfedhn-step=round-mean, or learning-rate (now 0.05)"
+    )
+    assert strategy_for("pfedhn", **{"pfedhn-step": "round-mean", "pfedhn-lr": 1.0}).divergence_fix() == (
+        "lower pfedhn-lr (now 1), or learning-rate (now 0.01)"
+    )
+
+
 def test_a_regression_tasks_loss_diverges_against_its_first_round_and_nan_says_nothing():
-    check_not_diverged(3, 9.9e4, 1, 10.0, 0.01)  # under 10,000 x round 1's
-    check_not_diverged(3, float("nan"), 10, float("nan"), 0.01)  # withheld under DP-SGD
+    check_not_diverged(3, 9.9e4, 1, 10.0, "lower learning-rate")  # under 10,000 x round 1's
+    check_not_diverged(3, float("nan"), 10, float("nan"), "lower learning-rate")  # withheld under DP-SGD
     with pytest.raises(FedcondError, match=r"^round 3: the mean training loss reached 1\.01e\+05, over 1e\+05 \(10000"):
-        check_not_diverged(3, 1.01e5, 1, 10.0, 0.01)
+        check_not_diverged(3, 1.01e5, 1, 10.0, "lower learning-rate")
+
+
+def test_a_federation_short_of_nodes_names_the_partitions_without_one():
+    """A deployment operator learns which node to start (the nodes are asked which partition each holds)."""
+    strategy = strategy_for("fedavg", **{"node-timeout": 1})
+    nodes = [node for node in two_by_two() if node.partition != 2]
+    with pytest.raises(FedcondError) as error:
+        strategy.initialize_parameters(federation(nodes))
+    assert str(error.value) == (
+        "the federation has 3 nodes but num-clusters x (clients-per-cluster) = 2 x 2 = 4 (waited 1 s); partition-id 2 "
+        'has no node: start a SuperNode with --node-config "partition-id=2 num-partitions=4 ..." for each (a '
+        'simulation: --federation-config "num-supernodes=4"), or submit with settings for the nodes there are'
+    )
 
 
 def test_too_few_connected_nodes_stop_the_round_before_anything_is_sent():

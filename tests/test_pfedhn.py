@@ -77,6 +77,40 @@ def test_the_servers_step_moves_the_clients_generated_model_towards_what_it_retu
     assert distance(net.weights_for(1), other_before) > 0  # the shared hypernetwork moved too
 
 
+def test_a_round_mean_step_measures_every_update_from_the_hypernetwork_that_generated_it():
+    """round-mean: one step along the mean of the clients' surrogates, each at the models they were
+    sent (so the result does not depend on the order of the replies); per-client steps in turn."""
+    import copy
+
+    net = HyperNetwork(target(), num_clients=3, embedding_dim=2, hidden=8)
+    updates = []
+    for client, shift in ((0, 0.5), (1, -0.3)):
+        sent = net.weights_for(client)
+        updates.append((client, sent, [a + shift if a.dtype.kind == "f" else a for a in sent]))
+    together, reversed_order, in_turn = copy.deepcopy(net), copy.deepcopy(net), copy.deepcopy(net)
+    HyperNetworkTrainer(together, learning_rate=0.01).step_together(updates)
+    HyperNetworkTrainer(reversed_order, learning_rate=0.01).step_together(updates[::-1])
+    trainer = HyperNetworkTrainer(in_turn, learning_rate=0.01)
+    for update in updates:
+        trainer.step(*update)
+    # One SGD step on the mean surrogate, by hand (no momentum yet; weight decay as the trainer's).
+    expected = copy.deepcopy(net)
+    surrogate = sum(expected.update_surrogate(expected.embedding(c), s, r) for c, s, r in updates) / 2
+    surrogate.backward()
+    torch.nn.utils.clip_grad_norm_(expected.parameters(), 50.0)
+    with torch.no_grad():
+        for p in expected.parameters():
+            p -= 0.01 * (p.grad + 1e-3 * p)
+
+    def generated(network: HyperNetwork, client: int) -> list[np.ndarray]:
+        return [network.weights_for(client)[i] for i in network.generated]  # buffers are kept, not stepped
+
+    for client in (0, 1):
+        assert distance(generated(together, client), generated(expected, client)) < 1e-5
+        assert distance(generated(together, client), generated(reversed_order, client)) < 1e-5
+        assert distance(generated(together, client), generated(in_turn, client)) > 1e-4
+
+
 def test_the_strategy_serves_participants_their_model_and_a_newcomer_the_mean_embeddings():
     strategy = strategy_for("pfedhn", held_out_clients=1)
     net = strategy.trainer.net
@@ -178,6 +212,8 @@ def test_an_embedding_of_size_0_and_dp_sgd_with_newcomer_steps_are_refused_in_on
         check_run(run_config({"method": "pfedhn", **private}), load_data=False)
     check_run(run_config({"method": "pfedhn", **private, "newcomer-steps": 0}), load_data=False)
     check_run(run_config({"method": "cfl", **private}), load_data=False)  # CFL's newcomers send nothing
+    with pytest.raises(FedcondError, match=r"^pfedhn-step must be round-mean or per-client \(got 'mean'\)$"):
+        check_run(run_config({"method": "pfedhn", "pfedhn-step": "mean"}), load_data=False)
 
 
 def test_on_digits_its_newcomers_learned_embeddings_serve_them_better_than_the_mean_embedding(tmp_path):

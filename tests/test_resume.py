@@ -238,6 +238,23 @@ def test_plain_flwr_run_resume_needs_the_recorded_settings(tmp_path):
     assert check_resume(config.replace(local_epochs=1)).round == 2
 
 
+def test_a_plain_flwr_run_resume_must_give_its_rounds_or_pyprojects_would_silently_extend_it(tmp_path):
+    """Flower's override_config says which keys --run-config gave; the ServerApp refuses a resume
+    without num-server-rounds rather than run to pyproject.toml's 10 rounds."""
+    from strategies.server_app import check_resumed_rounds
+
+    folder, recorded = checkpointed_run(tmp_path)
+    config = RESUME.set(run_config({**default_config(), **recorded.to_mapping()}), str(folder))
+    with pytest.raises(FedcondError) as error:
+        check_resumed_rounds(config, {"resume": str(folder)})
+    assert str(error.value) == (
+        f"resume={folder}: give num-server-rounds in --run-config (the run recorded 3: that many finishes it, more "
+        "extends it); left out, pyproject.toml's 3 would be taken"
+    )
+    check_resumed_rounds(config, {"resume": str(folder), "num-server-rounds": 3})
+    check_resumed_rounds(RESUME.set(config, ""), {})  # a new run: nothing to say
+
+
 @pytest.mark.slow
 def test_a_pooled_run_that_failed_in_epoch_3_resumes_to_the_uninterrupted_numbers(tmp_path, monkeypatch):
     import fedcond.pooled

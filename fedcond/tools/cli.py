@@ -116,6 +116,8 @@ def run(
     # flwr's local SuperLink keeps the cwd it starts in; a neutral one keeps it out of the source tree.
     flwr_home = local_superlink.flower_home(environment)
     flwr_home.mkdir(parents=True, exist_ok=True)
+    # This home's own local SuperLink ports: never another home's SuperLink on Flower's default ones.
+    environment.update(local_superlink.ports_of(flwr_home, environment))
     folder = run_folder(overrides)
     resuming = bool(RESUME.of(config))
     print(f"fedcond: {config.method} on {config.num_clients} clients, results in {folder}"
@@ -506,6 +508,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "and a stop that ends everything it started (every argument is flower-supernode's)",
     )
     supernode_parser.add_argument("arguments", nargs=argparse.REMAINDER, help="flower-supernode's arguments")
+    submit_parser = commands.add_parser(
+        "submit",
+        help="a deployed run: every setting checked, then flwr run CONNECTION --stream; exits 0 only when the run "
+        "completed, else 1 with the reason",
+    )
+    submit_parser.add_argument("connection", help="the SuperLink connection of your Flower configuration, e.g. fl")
+    submit_parser.add_argument("settings", nargs="*", help="run-config settings, e.g. num-clusters=3 results-dir=/abs")
+    submit_parser.add_argument("--config", metavar="FILE", help="experiment file (TOML run-config overrides)")
+    submit_parser.add_argument("--app", metavar="DIR", help="the app to submit (default: this fedcond)")
     export_parser = commands.add_parser("export-partitions", help="write every client's data to partition-<id>.npz")
     export_parser.add_argument("settings", nargs="*", help="run-config overrides that shape the split")
     export_parser.add_argument("--out", required=True, metavar="DIR", help="folder for the partition files")
@@ -535,6 +546,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return report(Path(arguments.out))
         if arguments.command == "reproduction":
             return reproduction(arguments.folders, arguments.out, arguments.notes)
+        if arguments.command == "submit":
+            from fedcond.tools.submit import submit
+
+            return submit(arguments.connection, arguments.settings, arguments.config, arguments.app)
         if arguments.command == "supernode":
             from fedcond.tools.supernode import run_supernode
 

@@ -273,6 +273,7 @@ class LocalDeployment:
         self.nodes: dict[int, DeployedNode] = {}
 
     def __enter__(self) -> LocalDeployment:
+        self.processes.guard()  # a kill -9 of this command still stops the SuperLink and every node
         return self
 
     def __exit__(

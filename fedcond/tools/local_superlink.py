@@ -6,6 +6,11 @@ after the run (so the next run starts about 3 s faster) with the environment and
 it started with. The log-file argument names the Flower home it belongs to, so that exact process is
 found among this user's processes, never another user's or another Flower home's SuperLink (a
 ``pkill -f flower-superlink`` ends them all).
+
+Flower puts every local SuperLink on the same two ports (39091, 39093) whatever its home, so a run
+of one Flower home would attach to another home's (another user's job on a shared machine) and
+then find its own "not running". Each home therefore gets ports of its own (``ports_of``), chosen
+free once and kept in the home, which ``fedcond run`` hands to ``flwr run``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,29 @@ from fedcond.tools.processes import STOP_GRACE
 
 #: Written into a run's folder by ``fedcond run``: which SuperLink served it and how to stop it.
 RECORD_FILE = "local-superlink.json"
+#: In a Flower home: the ports of its local SuperLink (``ports_of``).
+PORTS_FILE = "fedcond-local-ports.json"
+#: flwr's variables for the local SuperLink's ports (flwr/cli/constant.py).
+PORT_VARIABLES = ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT")
+
+
+def ports_of(home: Path, environment: dict[str, str] | None = None) -> dict[str, str]:
+    """The port variables for ``home``'s local SuperLink: those the environment sets already, else the
+    home's own pair (chosen free on first use and kept in ``PORTS_FILE``), never Flower's defaults."""
+    from fedcond.tools.deploy import free_ports
+
+    environment = os.environ if environment is None else environment
+    if all(variable in environment for variable in PORT_VARIABLES):
+        return {variable: environment[variable] for variable in PORT_VARIABLES}
+    path = home / PORTS_FILE
+    try:
+        kept = json.loads(path.read_text())
+        ports = {variable: str(int(kept[variable])) for variable in PORT_VARIABLES}
+    except (OSError, ValueError, KeyError, TypeError):
+        ports = dict(zip(PORT_VARIABLES, map(str, free_ports(len(PORT_VARIABLES))), strict=True))
+        home.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(ports, indent=2) + "\n")
+    return {**ports, **{variable: environment[variable] for variable in PORT_VARIABLES if variable in environment}}
 
 
 def flower_home(environment: dict[str, str] | None = None) -> Path:

@@ -4,11 +4,17 @@ Flower's processes start others (a SuperLink its SuperExec, in a session of its 
 ClientApp process per message), and some outlive their parents. Every started process carries a
 tag in its environment, inherited by all it starts, so ``stop_all`` finds them even after they
 were handed to init.
+
+A launcher killed outright (``kill -9``: no clean-up runs in it) must not leave them running either:
+``Processes.guard`` starts a small watcher, this module run as a script, that waits for the launcher's
+end and then stops every process carrying its tag.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -20,6 +26,7 @@ import psutil
 # Environment variable marking every process one launcher started.
 TAG_VARIABLE = "FEDCOND_DEPLOY_TAG"
 STOP_GRACE = 15.0  # seconds between SIGTERM and SIGKILL: a SuperNode takes ~8 s to shut down
+GUARD_POLL = 0.5  # seconds between the guard's looks at its launcher
 
 
 def descendants(roots: Iterable[int]) -> set[int]:
@@ -78,6 +85,17 @@ class Processes:
         self.environment = {**environment, TAG_VARIABLE: self.tag}
         self.log_folder = log_folder
         self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.guardian: subprocess.Popen[bytes] | None = None
+
+    def guard(self) -> None:
+        """From now on, should this process end without ``stop_all`` (``kill -9``), a watcher stops
+        everything it started. The watcher carries no tag and runs in a session of its own (Ctrl+C
+        does not reach it); ``stop_all`` ends it once it has nothing left to guard."""
+        environment = {key: value for key, value in self.environment.items() if key != TAG_VARIABLE}
+        self.guardian = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(os.getpid()), self.tag], env=environment,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
 
     def start(
         self, name: str, command: Sequence[str], cwd: Path, log: bool = True, pipe: bool = False
@@ -155,3 +173,20 @@ class Processes:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 continue
+        if self.guardian is not None:
+            self.guardian.terminate()
+            self.guardian.wait(timeout=STOP_GRACE)
+            self.guardian = None
+
+
+def watch_over(launcher: int, tag: str) -> None:
+    """The guard: once ``launcher`` has ended, however it ended, stop every process tagged ``tag``."""
+    while alive(launcher):
+        time.sleep(GUARD_POLL)
+    orphans = Processes({}, Path("."))
+    orphans.tag = tag
+    orphans.stop_all()
+
+
+if __name__ == "__main__":
+    watch_over(int(sys.argv[1]), sys.argv[2])

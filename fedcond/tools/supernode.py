@@ -42,6 +42,15 @@ HINTS = {
         "the SuperLink admits registered keys only: start the node with --auth-supernode-private-key "
         "KEY (its .pub registered on the SuperLink machine)"
     ),
+    "UNAUTHENTICATED": (
+        "the SuperLink no longer knows this node: it was restarted without --database and forgot every "
+        "registered key; register this node's key again there (flwr supernode register KEY.pub CONNECTION) and "
+        "start the node again, and start the SuperLink with --database state.db so a restart keeps them"
+    ),
+    "CERTIFICATE_VERIFY_FAILED": (
+        "this node does not trust the SuperLink's certificate: --root-certificates must be the ca.crt that "
+        "signed the SuperLink's (or its proxy's) server.pem, and --superlink an address the certificate names"
+    ),
 }
 #: flower-supernode retries an unreachable SuperLink forever; after this many failed attempts in a row:
 UNREACHABLE_AFTER = 3
@@ -110,6 +119,7 @@ def run_supernode(arguments: Sequence[str]) -> int:
     check_node(arguments)
     logs = Path(tempfile.mkdtemp(prefix="fedcond-supernode-"))  # unused: the output is piped to ours
     processes = Processes(flower_environment(), logs)
+    processes.guard()  # kill -9 of this command must not leave the SuperNode and its SuperExec running
     try:
         with sigterm_as_interrupt():
             node = processes.start("supernode", [executable("flower-supernode"), *arguments], Path.cwd(), log=False,
