@@ -132,8 +132,10 @@ def make_server_app(config: RunConfig | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            settings = config or run_config(context.run_config)
-            check_resumed_rounds(settings, grid.run.override_config)
+            settings = config
+            if settings is None:  # from the run config Flower merged with pyproject.toml's defaults
+                settings = run_config(context.run_config)
+                check_resumed_rounds(settings, grid.run.override_config)
             run_server(grid, settings)
         except Exception as error:
             # Any failure (a FedcondError, or an unexpected one such as a client's error at the

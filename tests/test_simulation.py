@@ -250,7 +250,11 @@ def test_too_few_answers_stop_the_run_with_one_line(tmp_path, capsys):
         "round 2: partition 0 failed in fit: injected fault: partition 0 round 2 fit; every failure is listed in "
         "run.json: fix those clients or lower min-answered-fraction"
     )
-    assert info["error"] == expected and len(info["failures"]) == 1
+    # Round 1's model was to be scored in round 2's fit: partition 0 failed round 1 too, and its row says so.
+    assert info["error"] == expected and [(f["round"], f["stage"]) for f in info["failures"]] == [
+        (1, "evaluate"), (2, "fit"),
+    ]  # fmt: skip
+    assert (rows[0]["clients_answered"], rows[0]["clients_failed"]) == ("3", "1")
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedcond: error:")]
     assert errors == [f"fedcond: error: {expected}"]
 
