@@ -629,6 +629,40 @@ def test_a_launcher_killed_outright_leaves_nothing_it_started_running(tmp_path):
     assert not left, "the launcher's processes outlived it"
 
 
+def test_a_traceback_of_a_refusal_fedcond_explains_is_shown_as_its_exception_line_alone(capsys):
+    """The SuperLink restarted without its database: Flower's heartbeat gets a 401 and the SuperNode
+    ends in a traceback; the operator sees its last exception line and fedcond's one-line reason.
+    A traceback fedcond cannot explain is shown whole."""
+    from fedcond.tools.supernode import _show
+
+    unauthenticated = (
+        "INFO :      Starting Flower SuperNode\n"
+        "Traceback (most recent call last):\n"
+        '  File "/venv/flwr/supernode/start.py", line 10, in run\n'
+        "    heartbeat()\n"
+        "grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that terminated with:\n"
+        "\tstatus = StatusCode.UNAUTHENTICATED\n"
+        '\tdetails = "Node not found"\n'
+        ">\n"
+        "INFO :      SuperNode stopped\n"
+    )
+    other = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: something else\n'
+    for text in (unauthenticated, other):
+        node = subprocess.Popen(["printf", "%s", text], stdout=subprocess.PIPE)
+        _show(node, ["--superlink", "127.0.0.1:1"])
+        node.wait()
+    shown = capsys.readouterr()
+    assert shown.out == (
+        "INFO :      Starting Flower SuperNode\n"
+        "grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that terminated with:\n"
+        ">\n"  # the repr's closing bracket, unindented: the block ended before it
+        "INFO :      SuperNode stopped\n"
+        f"{other}"
+    )
+    (line,) = shown.err.splitlines()
+    assert "restarted without --database" in line
+
+
 @pytest.mark.parametrize(
     ("flower_says", "fedcond_says"),
     [

@@ -140,16 +140,61 @@ def run_supernode(arguments: Sequence[str]) -> int:
         logs.rmdir()
 
 
+class Tracebacks:
+    """Python tracebacks in a stream of lines, held until they end: ``feed`` returns what to show
+    now. A traceback whose text holds a ``HINTS`` pattern is shown as its last exception line alone
+    (fedcond's hint says the rest); any other is shown whole. A traceback runs from its
+    ``Traceback`` line through indented frame lines to its exception, whose message may go on in
+    indented lines; chained ones (``During handling ...``) stay in the same block."""
+
+    CHAINS = ("During handling of the above exception", "The above exception was the direct cause")
+
+    def __init__(self) -> None:
+        self.block: list[str] = []
+        self.in_message = False
+
+    def feed(self, line: str) -> list[str]:
+        text = line.rstrip("\n")
+        if not self.block:
+            if text.startswith("Traceback (most recent call last):"):
+                self.block = [line]
+                return []
+            return [line]
+        if text[:1] in (" ", "\t") or not text.strip() or text.startswith((*self.CHAINS, "Traceback")):
+            self.in_message = self.in_message and text[:1] in (" ", "\t")
+            self.block.append(line)
+            return []
+        if not self.in_message and not self.block[-1].rstrip("\n").startswith(self.CHAINS):
+            self.in_message = True  # the exception's own line
+            self.block.append(line)
+            return []
+        return [*self.flush(), *self.feed(line)]
+
+    def flush(self) -> list[str]:
+        """The held traceback as it is to be shown (nothing held: nothing)."""
+        block, self.block, self.in_message = self.block, [], False
+        if not block or not any(pattern in "".join(block) for pattern in HINTS):
+            return block
+        exceptions = [line for line in block if line[:1] not in (" ", "\t") and line.strip()
+                      and not line.startswith(("Traceback", *self.CHAINS))]  # fmt: skip
+        return [(exceptions or block)[-1]]
+
+
 def _show(node: subprocess.Popen[bytes], arguments: Sequence[str]) -> None:
-    """flower-supernode's output as it is, and after a line of ``HINTS`` (or repeated failures to
+    """flower-supernode's output as it is (a traceback Flower ends with on a refusal fedcond
+    explains: its exception line alone), and after a line of ``HINTS`` (or repeated failures to
     reach the SuperLink) fedcond's line saying what to fix, once each."""
     assert node.stdout is not None
     said: set[str] = set()
     failed_attempts = 0
-    for raw in node.stdout:
-        line = raw.decode(errors="replace")
-        sys.stdout.write(line)
+    tracebacks = Tracebacks()
+    for raw in [*node.stdout, None]:
+        line = raw.decode(errors="replace") if raw is not None else None
+        for shown in tracebacks.feed(line) if line is not None else tracebacks.flush():
+            sys.stdout.write(shown)
         sys.stdout.flush()
+        if line is None:
+            break
         failed_attempts += UNREACHABLE in line
         if failed_attempts == UNREACHABLE_AFTER:
             address = _option(arguments, "--superlink") or "the default address"
