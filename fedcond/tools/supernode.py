@@ -16,6 +16,7 @@ Every argument is ``flower-supernode``'s, passed on unchanged. Around it:
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import tempfile
@@ -188,7 +189,8 @@ def _show(node: subprocess.Popen[bytes], arguments: Sequence[str]) -> None:
     said: set[str] = set()
     failed_attempts = 0
     tracebacks = Tracebacks()
-    for raw in [*node.stdout, None]:
+    # Line by line as Flower writes them (it retries an unreachable SuperLink forever), then None: the end.
+    for raw in itertools.chain(node.stdout, [None]):
         line = raw.decode(errors="replace") if raw is not None else None
         for shown in tracebacks.feed(line) if line is not None else tracebacks.flush():
             sys.stdout.write(shown)
