@@ -309,6 +309,12 @@ class RunRecorder:
         return recorder
 
     @property
+    def first_train_loss(self) -> float:
+        """The first finite mean training loss of the rounds recorded so far (NaN: none yet): a
+        regression task's scale for divergence (``fedcond.training.check_not_diverged``)."""
+        return next((record.train_loss for record in self.records if math.isfinite(record.train_loss)), math.nan)
+
+    @property
     def history_path(self) -> Path:
         return self.folder / "history.csv"
 

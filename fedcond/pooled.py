@@ -221,7 +221,7 @@ def _train_and_record(
             **Spread.of(evaluations[True], recorder.metric).as_fields("heldout_"),
         )
         recorder.add(record)
-        check_not_diverged(round_number, record.train_loss, num_classes, recorder.records[0].train_loss,
+        check_not_diverged(round_number, record.train_loss, num_classes, recorder.first_train_loss,
                            f"lower learning-rate (now {config.learning_rate:g})")  # fmt: skip
         if checkpoint_due(config, round_number):
             save_start = time.perf_counter()

@@ -455,8 +455,11 @@ class FedcondStrategy(Strategy):
 
     def check_not_diverged(self, server_round: int) -> None:
         """Stop the run when the round's mean training loss exploded (``fedcond.training``)."""
-        check_not_diverged(server_round, self.tracker.train_loss, self.inputs.num_classes,
-                           self.tracker.first_train_loss, self.divergence_fix())  # fmt: skip
+        # Before round 1's row, and without a recorder, the round's own loss is the first.
+        recorder = self.inputs.recorder
+        first = recorder.first_train_loss if recorder is not None and recorder.records else self.tracker.train_loss
+        check_not_diverged(server_round, self.tracker.train_loss, self.inputs.num_classes, first,
+                           self.divergence_fix())  # fmt: skip
 
     def divergence_fix(self) -> str:
         """What to change when training diverges: the clients' learning rate, unless a method's own

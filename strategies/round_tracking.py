@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 from typing import TypeVar
@@ -98,7 +97,6 @@ class RoundTracker:
         self.bytes_down = 0
         self.bytes_up = 0
         self.train_loss = float("nan")
-        self.first_train_loss = float("nan")
         self.ari = float("nan")
         self.epsilon = float("nan")
         #: With evaluate-in-fit: the last round's record, all but the training clients' evaluations,
@@ -115,7 +113,6 @@ class RoundTracker:
     def resume_after(self, history: Sequence[RoundRecord]) -> None:
         """Go on from the rounds a resumed run finished before."""
         self.elapsed_before = history[-1].elapsed_seconds if history else 0.0
-        self.first_train_loss = next((r.train_loss for r in history if math.isfinite(r.train_loss)), float("nan"))
 
     def sent(self, num_bytes: int) -> None:
         self.bytes_down += num_bytes
@@ -136,7 +133,6 @@ class RoundTracker:
         if count_bytes:
             self.bytes_up += sum(parameters_bytes(res.parameters) for _, res in results)
         self.train_loss = weighted_mean((float(res.metrics[TRAIN_LOSS]), res.num_examples) for _, res in results)
-        self.note_first_loss()
         # Sample-level DP: the worst-off client's cumulative epsilon (clients report it, fedcond.privacy).
         spent = [float(res.metrics[EPSILON]) for _, res in results if EPSILON in res.metrics]
         self.epsilon = max(spent, default=float("nan"))
@@ -147,12 +143,6 @@ class RoundTracker:
         self.bytes_up += bytes_up
         self.train_loss = train_loss
         self.epsilon = epsilon
-        self.note_first_loss()
-
-    def note_first_loss(self) -> None:
-        """The run's first finite mean training loss: a regression task's scale for divergence."""
-        if math.isnan(self.first_train_loss) and math.isfinite(self.train_loss):
-            self.first_train_loss = self.train_loss
 
     def finish_round(
         self,

@@ -79,9 +79,10 @@ def _send(processes: Iterable[psutil.Process], kill: bool) -> None:
 class Processes:
     """Every process the launcher starts, each in its own session, all stopped together."""
 
-    def __init__(self, environment: dict[str, str], log_folder: Path) -> None:
+    def __init__(self, environment: dict[str, str], log_folder: Path, tag: str = "") -> None:
         # Every child inherits the tag, so stop_all finds processes started while it was stopping.
-        self.tag = uuid.uuid4().hex
+        # (``tag``: another launcher's, whose processes the guard stops once that launcher is gone.)
+        self.tag = tag or uuid.uuid4().hex
         self.environment = {**environment, TAG_VARIABLE: self.tag}
         self.log_folder = log_folder
         self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -183,9 +184,7 @@ def watch_over(launcher: int, tag: str) -> None:
     """The guard: once ``launcher`` has ended, however it ended, stop every process tagged ``tag``."""
     while alive(launcher):
         time.sleep(GUARD_POLL)
-    orphans = Processes({}, Path("."))
-    orphans.tag = tag
-    orphans.stop_all()
+    Processes({}, Path("."), tag).stop_all()
 
 
 if __name__ == "__main__":
