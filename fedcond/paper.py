@@ -208,11 +208,12 @@ class PaperSetting:
     method: str
 
     def describe(self) -> str:
+        return f"{self.describe_point()} {self.method}"
+
+    def describe_point(self) -> str:
+        """The setting without its method: what several methods of one comparison share."""
         configuration = f" {self.configuration}" if self.configuration else ""
-        return (
-            f"{self.experiment} {self.dataset}{configuration} K={self.k} x {self.clients_per_cluster} clients "
-            f"{self.method}"
-        )
+        return f"{self.experiment} {self.dataset}{configuration} K={self.k} x {self.clients_per_cluster} clients"
 
 
 def appendix_setting(row: Mapping[str, object]) -> PaperSetting | str:
@@ -305,7 +306,7 @@ def paper_setting(row: Mapping[str, object]) -> PaperSetting | str:
     )
 
 
-def _candidates(setting: PaperSetting, cells: Iterable[PaperCell]) -> list[PaperCell]:
+def _candidates(setting: PaperSetting, cells: Iterable[PaperCell], any_method: bool = False) -> list[PaperCell]:
     def same_clients(cell: PaperCell) -> bool:
         if cell.experiment == EMNIST_EXPERIMENT:  # it gives about 2,500 samples a client, not the clients
             return True
@@ -318,8 +319,9 @@ def _candidates(setting: PaperSetting, cells: Iterable[PaperCell]) -> list[Paper
     return [
         cell
         for cell in cells
-        if (cell.experiment, cell.dataset, cell.k, cell.configuration, cell.method)
-        == (setting.experiment, setting.dataset, setting.k, setting.configuration, setting.method)
+        if (cell.experiment, cell.dataset, cell.k, cell.configuration)
+        == (setting.experiment, setting.dataset, setting.k, setting.configuration)
+        and (any_method or cell.method == setting.method)
         and same_clients(cell)
     ]
 
@@ -351,6 +353,10 @@ def lookup(row: Mapping[str, object], cells: tuple[PaperCell, ...] | None = None
     cells = load_cells() if cells is None else cells
     candidates = _candidates(setting, cells)
     if not candidates:
+        # Said without the method where the paper has nothing at this point, so that a comparison's
+        # methods share one legend line instead of one line each that differ by a word.
+        if not _candidates(setting, cells, any_method=True):
+            return PaperMatch(None, reason=f"the paper prints no {setting.describe_point()} results")
         return PaperMatch(None, reason=f"the paper prints no {setting.describe()} cell")
     order = _table_order(cells)
     tables_by_value: dict[float, list[str]] = defaultdict(list)

@@ -171,6 +171,23 @@ def test_full_data_needs_no_budget_warning_and_digits_gets_no_paper_column():
     assert "| paper |" not in digits and "No paper counterpart for" in digits and "no digits results" in digits
 
 
+def test_methods_at_a_point_the_paper_never_ran_share_one_legend_line():
+    # CIFAR-10 under rotation: the paper ran E2b on Fashion-MNIST only, so no method has a cell there.
+    rows = [
+        {**row, "dataset": "cifar10", "scenario": "covariate-rotation", "num_clusters": "4", "rotations": "C3"}
+        for row in metrics_rows(data_fraction="1.0")
+    ]
+    legend = [line for line in compare_summary(rows, "t").splitlines() if "counterpart" in line]
+    assert legend == [
+        "- No paper counterpart for conditional, fedavg: the paper prints no E2b CIFAR-10 C3 K=4 x 5 clients results.",
+        "- No paper counterpart for pooled-conditional: pooled-conditional with fingerprint class-mean and "
+        "conditioning concat is our variant (the paper's is eigen + concat).",
+    ]
+    # Where the paper has the point but not the method, the reason still names the missing cell.
+    cells = (PaperCell("II", "E1", "MNIST", 5, 5, "", "FedAvg", 0.9),)
+    assert lookup(ours(method="oracle"), cells).reason == "the paper prints no E1 MNIST K=5 x 5 clients Oracle cell"
+
+
 def test_paper_table_cells_carry_the_paper_number():
     rows = metrics_rows() + [{**row, "num_clusters": "2"} for row in metrics_rows()]
     table = paper_table(rows, TableSpec(columns=("num-clusters",), groups="dataset"))
@@ -216,6 +233,34 @@ def test_reproduction_shows_held_out_clients_when_measured(tmp_path, capsys):
     text = out.read_text()
     assert "| method | ours | paper | Δ | held-out clients | seeds | time per run |" in text
     assert "| conditional | 0.910 ± 0.127 | 1.000 | -9.0 | 0.120 | 2 | 2 min |" in text
+
+
+def test_reproduction_puts_the_variants_of_one_scenario_point_in_one_table(tmp_path, capsys):
+    """A grid axis beyond the standard settings (here the fingerprint's encoder) is a column each."""
+    encoders = {"pixels": 0.0, "cifar10-reserved": -0.1}
+    rows = [
+        {**row, "fingerprint_encoder": encoder, "accuracy": str(float(row["accuracy"]) + shift)}
+        for encoder, shift in encoders.items()
+        for row in metrics_rows()
+        if encoder == "pixels" or row["method"] != "fedavg"  # one variant did not run every method
+    ]
+    folder = results_folder(tmp_path / "results" / "encoders", rows)
+    experiment = Experiment({"data-fraction": 0.1}, {"fingerprint-encoder": [*encoders],
+                            "method": ["conditional", "fedavg", "pooled-conditional"], "seed": [0, 1]},
+                            title="Encoders", kind="sweep")  # fmt: skip
+    (folder / "experiment.json").write_text(json.dumps(experiment.to_json()))
+    for number in (1, 2):
+        (folder / f"convergence-{number}.png").write_bytes(b"png")
+    (tmp_path / "reproduction-notes.md").write_text("# Notes\n")
+    out = tmp_path / "REPRODUCTION.md"
+    assert main(["reproduction", str(folder), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.count("#### ") == 1 and "#### mnist, label-shift, K=5 x 5 clients, data-fraction 0.1\n" in text
+    assert "| method | paper | fingerprint_encoder=pixels | fingerprint_encoder=cifar10-reserved | seeds |" in text
+    assert "| conditional | 1.000 | 0.910 ± 0.127 (-9.0) | 0.810 ± 0.127 (-19.0) | 2 |" in text
+    assert "| fedavg | 0.933 | 0.500 ± 0.000 (-43.3) | not run | 2 |" in text
+    assert "| pooled-conditional | — | 0.950 ± 0.000 | 0.850 ± 0.000 | 2 |" in text
+    assert text.count("![convergence (fingerprint_encoder=") == 2
 
 
 def test_reproduction_errors_name_the_fix(tmp_path, capsys):

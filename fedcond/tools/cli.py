@@ -12,13 +12,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
@@ -53,6 +56,7 @@ from fedcond.tools.flwr_commands import (
     to_run_config_string,
     unfinished,
 )
+from fedcond.tools.processes import descendants, end_processes
 from strategies.registry import run_config
 
 
@@ -253,6 +257,9 @@ def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> 
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     for name, value in OFFLINE_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
+    # Ray's C++ failure handler would meet SIGTERM with a stack dump and an abort; without it, Ray's
+    # Python handler raises SystemExit, which stops the sweep cleanly (run_and_report).
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
     def run_one(config: RunConfig) -> None:
         # A failure of either kind is recorded by the experiment (run_one), which goes on.
@@ -319,8 +326,59 @@ def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, a
         runner: Callable[[RunConfig], None] = run_without_ray
     else:
         runner = simulation_runner(arguments.cpus_per_client, arguments.gpus_per_client)
-    run_experiment(experiment, base, out, runner, sys.stdout, arguments.parallel)
+    try:
+        with sigterm_as_interrupt():
+            run_experiment(experiment, base, out, runner, sys.stdout, arguments.parallel)
+    except (KeyboardInterrupt, SystemExit) as stop:
+        leave_stopped(130 if isinstance(stop, KeyboardInterrupt) and not SIGTERM_RECEIVED.is_set() else 143)
     return report(out)
+
+
+#: Set when this process got SIGTERM while a compare or sweep ran (its exit status then says so).
+SIGTERM_RECEIVED = threading.Event()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler, a CI timeout, ``kill``) stops a compare or sweep as Ctrl+C does.
+
+    Until Ray starts, Python's default would end the process on the spot; Ray's ``init`` then puts
+    its own handler in place, which raises ``SystemExit`` in the main thread, and that is met the same way."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    SIGTERM_RECEIVED.set()
+    raise KeyboardInterrupt
+
+
+def leave_stopped(status: int) -> NoReturn:
+    """Say how to go on, stop Ray's processes, and exit now with ``status``.
+
+    The run that was stopped says so in its run.json and resumes from its checkpoint (``run_one``).
+    Flower's ServerApp thread waits, without a timeout, for replies that the stopped simulation will
+    never send, and the interpreter would wait for that thread at exit forever: this exits without
+    joining it (``os._exit``), once everything this process owes is written and flushed."""
+    print(
+        "fedcond: stopped (Ctrl+C or SIGTERM); finished runs and rounds are kept: run the same command again to resume",
+        file=sys.stderr,
+        flush=True,
+    )
+    # Found before Ray's shutdown orphans them: a stop in the middle of Ray's start leaves agents
+    # that its shutdown does not know of.
+    started = descendants([os.getpid()])
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+    end_processes(started, grace=5.0)
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(status)
 
 
 def report(out: Path) -> int:

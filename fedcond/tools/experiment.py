@@ -616,6 +616,10 @@ def experiment_lock(out: Path) -> Iterator[None]:
         locks.release(handle)
 
 
+#: run.json's error of a run whose compare or sweep was stopped (Ctrl+C, SIGTERM) while it ran.
+STOPPED = "stopped by Ctrl+C or SIGTERM before it finished; the same command resumes it"
+
+
 def run_one(runner: Runner, run: PlannedRun, runs_dir: Path) -> None:
     """Run one grid point; whatever it raises is recorded as its failure, and the grid goes on."""
     try:
@@ -623,6 +627,11 @@ def run_one(runner: Runner, run: PlannedRun, runs_dir: Path) -> None:
     except Exception as error:
         mark_failed(runs_dir / run.name, error_line(error))
         return
+    except (KeyboardInterrupt, SystemExit):
+        # Ctrl+C or SIGTERM (Ray's handler, once it has started, turns SIGTERM into SystemExit): the
+        # grid stops here; this run is no failure of its settings and the same command resumes it.
+        mark_failed(runs_dir / run.name, STOPPED)
+        raise
     # A run that returned without saying how it ended (no run.json: it stopped before writing one;
     # or still "running") failed, its error on the terminal: not "not run yet", nor left "running".
     mark_failed(runs_dir / run.name, "the run ended without finishing; see the error printed above this line")

@@ -76,6 +76,14 @@ def _send(processes: Iterable[psutil.Process], kill: bool) -> None:
             continue
 
 
+def end_processes(pids: Iterable[int], grace: float = STOP_GRACE) -> None:
+    """SIGTERM ``pids``, then SIGKILL those still running after ``grace`` seconds."""
+    family = _processes(pids)
+    _send(family, kill=False)
+    _, left = psutil.wait_procs(family, timeout=grace)
+    _send(left, kill=True)
+
+
 class Processes:
     """Every process the launcher starts, each in its own session, all stopped together."""
 

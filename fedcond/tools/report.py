@@ -828,29 +828,84 @@ def folder_section(folder: Path, base: Path) -> list[str]:
     setting_columns = [column_name(axis) for axis in experiment.point_axes]
     # The same grouping and numbering as render(), so the figure names match.
     points = [rows] if experiment.kind == "compare" else list(scenario_groups(rows, setting_columns).values())
+    figures = [
+        folder / ("convergence.png" if experiment.kind == "compare" else f"convergence-{number}.png")
+        for number in range(1, len(points) + 1)
+    ]
+    # Axes beyond the standard settings (a fingerprint's encoder, say) are variants of one scenario
+    # point: its variants share one table, a column each.
+    standard_columns, variant_columns = setting_columns[: len(SETTING_COLUMNS)], setting_columns[len(SETTING_COLUMNS) :]
+    scenarios: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for index, point_rows in enumerate(points):
+        scenarios[tuple(point_rows[0][column] for column in standard_columns)].append(index)
     epochs = experiment.settings.get("local-epochs")
-    for number, point_rows in enumerate(points, start=1):
-        figure = folder / ("convergence.png" if experiment.kind == "compare" else f"convergence-{number}.png")
-        fractions, rounds = _budget(point_rows)
-        seeds = sorted({row["seed"] for row in point_rows}, key=int)
-        matches = paper_matches(point_rows)
+    for indices in scenarios.values():
+        scenario_rows = [row for index in indices for row in points[index]]
+        fractions, rounds = _budget(scenario_rows)
+        seeds = sorted({row["seed"] for row in scenario_rows}, key=int)
+        matches = paper_matches(scenario_rows)
+        metric = rows_metric(scenario_rows)
         budget = f"{rounds} rounds" + (f" of {epochs} local epoch{'s' * (epochs != 1)}" if epochs else "")
-        # Axes beyond the standard settings (a fingerprint variant, say) tell points apart too.
-        extra = [f"{column}={point_rows[0][column]}" for column in setting_columns[len(SETTING_COLUMNS) :]]
+        variants = {
+            ", ".join(f"{column}={points[index][0][column]}" for column in variant_columns): points[index]
+            for index in indices
+        }
+        if len(variants) == 1:
+            heading = ", ".join([scenario_line(scenario_rows), *([*variants][0:1] if variant_columns else [])])
+            table = comparison_table(summarise(scenario_rows), matches, metric)
+        else:
+            heading = scenario_line(scenario_rows)
+            table = variant_table({label: summarise(rows) for label, rows in variants.items()}, matches, metric)
+        figure_lines = [
+            f"![convergence{f' ({label})' if len(variants) > 1 else ''}]({_link(figures[index], base)})"
+            for label, index in zip(variants, indices, strict=True)
+            if figures[index].is_file()
+        ]
+        if len(figure_lines) < len(indices):
+            figure_lines.append("(no convergence figure yet: `fedcond report` on this folder draws it)")
         parts += [
-            f"#### {', '.join([scenario_line(point_rows), *extra])}",
+            f"#### {heading}",
             "",
             f"{budget}, data fraction {', '.join(fractions)}, seeds {', '.join(seeds)}.",
             "",
-            comparison_table(summarise(point_rows), matches, rows_metric(point_rows)),
-            *legend_markdown(paper_legend(point_rows, matches)),
+            table,
+            *legend_markdown(paper_legend(scenario_rows, matches)),
             "",
-            f"![convergence]({_link(figure, base)})"
-            if figure.is_file()
-            else "(no convergence figure yet: `fedcond report` on this folder draws it)",
+            *figure_lines,
             "",
         ]
     return parts
+
+
+def variant_table(
+    variants: Mapping[str, Sequence[MethodSummary]], matches: Mapping[str, PaperMatch], metric: str = "accuracy"
+) -> str:
+    """Markdown: method | paper | one column per variant of the scenario point (ours, Δ vs paper) | seeds.
+
+    Methods in the order of the first variant's ranking, then those only later variants ran."""
+    by_method: dict[str, dict[str, MethodSummary]] = defaultdict(dict)
+    for label, summaries in variants.items():
+        for summary in summaries:
+            by_method[summary.method][label] = summary
+    with_paper = _with_paper(matches)
+    header = ["method", *(["paper"] * with_paper), *variants, "seeds"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for method, cells_by_variant in by_method.items():
+        match = matches.get(method)
+        found = match is not None and match.found
+        cells = [method, *([f"{match.value:.3f}" if found else "—"] * with_paper)]
+        for label in variants:
+            summary = cells_by_variant.get(label)
+            if summary is None:
+                cells.append("not run")
+                continue
+            delta = f" ({format_delta(summary.final_mean, match.value, metric)})" if found else ""
+            cells.append(format_accuracy(summary.final_mean, summary.final_half_width) + delta)
+        counts = sorted({summary.seeds for summary in cells_by_variant.values()})
+        cells.append(" / ".join(str(summary.seeds) for summary in cells_by_variant.values()) if len(counts) > 1
+                     else str(counts[0]))  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def reproduction_markdown(folders: Sequence[Path], notes: str, command: str, base: Path) -> str:
