@@ -43,6 +43,7 @@ def setting(
     before_it_existed: Any = None,
     bool_words: bool = False,
     number_words: bool = False,
+    choices: str = "",
 ) -> Any:
     """A ``RunConfig`` field declared with its help text and topic: the settings table
     (docs/settings.md) and ``[tool.flwr.app.config]`` are generated from these and the ``Option``s
@@ -53,6 +54,9 @@ def setting(
     layout, though CIFAR's default is now channels-last). ``bool_words``: a word setting that also
     takes TOML's true / false (as it did when it was a yes/no setting), kept as ``"true"`` / ``"false"``.
     ``number_words``: a word setting that also takes a number (``condition-scale = 0.5``), kept as its text.
+    ``choices``: ``module:TABLE``, the one table whose keys are the setting's values; the help shown
+    (``fedcond settings``, docs/settings.md) lists them from it, so no help text offers a value the
+    table lacks. A name, not the table: ``fedcond.scenarios`` imports this module.
     """
     metadata = {
         "help": help,
@@ -60,6 +64,7 @@ def setting(
         "before_it_existed": before_it_existed,
         "bool_words": bool_words,
         "number_words": number_words,
+        "choices": choices,
     }
     return dataclasses.field(default=default, metadata=metadata)
 
@@ -77,10 +82,12 @@ class RunConfig:
     dataset: str = setting(
         "digits",
         "run",
-        "`digits`, `mnist`, `fashion-mnist`, `cifar10`, `cifar100`, `emnist-balanced`, `emnist-byclass`, or the "
-        "appendix's tabular `synthetic-linear`, `synthetic-logistic` ([data.md](data.md))",
+        "the clients' data: images, or the appendix's tabular tasks ([data.md](data.md))",
+        choices="fedcond.datasets:DATASETS",
     )
-    scenario: str = setting("label-shift", "run", "how clients differ; the README's Scenarios table")
+    scenario: str = setting(
+        "label-shift", "run", "how clients differ; the README's Scenarios table", choices="fedcond.scenarios:SCENARIOS"
+    )
     num_clusters: int = setting(3, "run", "K; at most the number of classes")
     clients_per_cluster: int = setting(
         5, "run", "each cluster's train and test samples are split disjointly over its clients"
@@ -150,14 +157,17 @@ class RunConfig:
     fingerprint: str = setting(
         "eigen",
         "fingerprint",
-        "what each client computes: `eigen` (the paper's), `eigen-x` (no labels), `class-mean`, `label-cov`, "
-        "`class-eigen`, or the controls `random-id`, `cluster-id` ([fingerprints.md](fingerprints.md))",
+        "what each client computes: `eigen` is the paper's, `eigen-x` reads no labels, `random-id` and "
+        "`cluster-id` are controls ([fingerprints.md](fingerprints.md))",
+        choices="fedcond.fingerprint:FINGERPRINTS",
     )
     conditioning: str = setting(
         "concat",
         "fingerprint",
-        "how the model takes it: `concat` (the paper's), `film` or `hyper` on images; `mlp`, `lin` or `ens` (the "
-        "appendix's) on tabular tasks (one module each in `fedcond/conditioning`); 0 = the dataset's kind's first",
+        "how the model takes it: `concat` is the paper's; on a tabular task `concat`, `lin` and `ens` are the "
+        "appendix's MLP, Lin and Ens; `lin` conditions tabular models only (one module each in "
+        "`fedcond/conditioning`)",
+        choices="fedcond.conditioning:MECHANISMS",
     )
     condition_scale: str = setting(
         "none",

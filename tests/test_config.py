@@ -184,3 +184,19 @@ def test_channels_last_is_cifars_default_and_takes_the_words_and_toml_booleans()
 def test_newcomer_steps_without_newcomers_or_federation_are_refused_in_one_line(settings, message):
     with pytest.raises(FedcondError, match=message):
         check_run(run_config(settings))
+
+
+def test_the_settings_with_a_table_offer_exactly_its_values():
+    """The help of dataset, scenario, fingerprint and conditioning lists its table's keys (it once
+    offered conditioning=mlp, which the table lacks, and left eigenvector out)."""
+    from dataclasses import fields
+
+    from fedcond.tools.settings import setting_choices, settings
+
+    helps = {row.key: row.help for row in settings()}
+    tabled = {field.name: setting_choices(field) for field in fields(RunConfig) if setting_choices(field)}
+    assert set(tabled) == {"dataset", "scenario", "fingerprint", "conditioning"}
+    for name, choices in tabled.items():
+        key = name.replace("_", "-")
+        assert helps[key].endswith("; one of " + ", ".join(f"`{choice}`" for choice in choices))
+    assert "eigenvector" in tabled["fingerprint"] and "`mlp`" not in helps["conditioning"]

@@ -75,8 +75,12 @@ def parse_assignments(assignments: Sequence[str]) -> dict[str, object]:
 
 
 def default_config() -> dict[str, object]:
-    """The app's run config as ``pyproject.toml`` declares it."""
-    return tomllib.loads((app_directory() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    """Every run-config key at its default, from the settings' declarations: what pyproject.toml's
+    ``[tool.flwr.app.config]`` holds (generated from them; tests/test_config.py), and what an install
+    from a wheel, which has no pyproject.toml, runs with."""
+    from fedcond.tools.settings import settings
+
+    return {row.key: row.default for row in settings()}
 
 
 def read_override_file(path: str | None) -> dict[str, object]:

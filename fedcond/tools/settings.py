@@ -12,6 +12,7 @@ The tests keep both equal to what this module generates.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,13 +49,28 @@ class Setting:
     help: str
 
 
+def setting_choices(field: dataclasses.Field) -> list[str]:
+    """The values a run setting takes, read from its one table (``setting(choices=...)``); none: free."""
+    if not field.metadata.get("choices"):
+        return []
+    module, _, table = field.metadata["choices"].partition(":")
+    return list(getattr(importlib.import_module(module), table))
+
+
+def run_setting_help(field: dataclasses.Field) -> str:
+    """A run setting's help, ending in the values its table holds."""
+    choices = setting_choices(field)
+    listed = "; one of " + ", ".join(f"`{choice}`" for choice in choices) if choices else ""
+    return field.metadata["help"] + listed
+
+
 def settings() -> list[Setting]:
     """Every run-config key, in the order of ``TOPICS`` (within one, in declaration order)."""
     from strategies.base import FedcondStrategy
     from strategies.registry import registry, shared_options
 
     rows = [
-        Setting(field.name.replace("_", "-"), field.default, field.metadata["topic"], "run", field.metadata["help"])
+        Setting(field.name.replace("_", "-"), field.default, field.metadata["topic"], "run", run_setting_help(field))
         for field in dataclasses.fields(RunConfig)
         if field.name != "options"
     ]
