@@ -23,6 +23,7 @@ from fedcond import locks
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.live_curves import EVENT_FILE_PREFIX, LIVE_CURVES, LiveCurves
+from fedcond.provenance import CODE, code_version
 
 HISTORY_COLUMNS = (
     "round", "accuracy", "loss", "train_loss", "seconds", "elapsed_seconds", "bytes_down", "bytes_up", "ari",
@@ -259,6 +260,7 @@ class RunRecorder:
             "config_paths": {key: "relative to this run's folder" for key in PATH_KEYS},
             **details,
             "versions": package_versions(),
+            CODE: code_version(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "status": "running",
             # Every client that did not answer an instruction, and why (fedcond.participation).
@@ -297,13 +299,15 @@ class RunRecorder:
         """Continue the run of ``folder`` after ``history``: run.json keeps what it said of the run
         (when it started, its scenario...), drops how it ended, and adds ``note`` to ``resumed``."""
         previous = json.loads((folder / "run.json").read_text())
-        kept = {key: value for key, value in previous.items() if key not in (*OUTCOME_KEYS, "config", "versions")}
-        kept["resumed"] = [*previous.get("resumed", []), {**note, "versions": package_versions()}]
+        kept = {key: value for key, value in previous.items() if key not in (*OUTCOME_KEYS, "config", "versions", CODE)}
+        kept["resumed"] = [*previous.get("resumed", []), {**note, "versions": package_versions(), CODE: code_version()}]
         earlier_traceback = folder / TRACEBACK_FILE
         if earlier_traceback.exists():  # the stopped attempt's, kept apart from any of this one
             earlier_traceback.replace(folder / f"traceback-before-resume-{len(kept['resumed'])}.txt")
         recorder = cls(folder, config, kept, num_clusters, history)
         recorder._info["versions"] = previous.get("versions", recorder._info["versions"])
+        # The code of the attempt that started the run; each resume's is in its note.
+        recorder._info[CODE] = previous.get(CODE)
         recorder._info["started"] = previous.get("started", recorder._info["started"])
         recorder._write_info()
         return recorder

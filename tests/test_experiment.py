@@ -80,7 +80,8 @@ def test_metrics_csv_is_tidy_one_row_per_method_seed_round(tmp_path):
     ]  # fmt: skip
     # Who took part (history.csv's clients_* columns) follows the metrics: every run here has them.
     participation = ["clients_asked", "clients_answered", "clients_failed", "clients_timed_out", "clients_evaluated"]
-    assert [*METRIC_COLUMNS, *participation] == reader.fieldnames[10:]
+    # Then the code each run came from (fedcond.provenance): these runs know it.
+    assert [*METRIC_COLUMNS, *participation, "code"] == reader.fieldnames[10:]
     for column in ("accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari"):
         assert column in reader.fieldnames
     assert len(rows) == 2 * 2 * 3

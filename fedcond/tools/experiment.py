@@ -45,6 +45,8 @@ from fedcond.history import (
     run_status,
 )
 from fedcond.live_curves import LIVE_CURVES
+from fedcond.provenance import CODE
+from fedcond.provenance import describe as describe_code
 
 # Every tidy row names the scenario it came from, so results of several experiments concatenate.
 SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
@@ -57,6 +59,8 @@ VARIANT_DEFAULTS = {key: getattr(RunConfig(), key) for key in VARIANT_COLUMNS}
 #: table's 1-8), so that the paper's lookup can tell those runs apart.
 FINGERPRINT_DIM, FINGERPRINT_DIM_DEFAULT = "fingerprint_dim", RunConfig().fingerprint_dim
 RUN_COLUMNS = ("method", "seed")
+#: metrics.csv's column naming the code each run came from (``run_code``).
+CODE_COLUMN = "code"
 METRIC_COLUMNS = (
     "round", "accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari", "train_loss", "elapsed_seconds",
 )  # fmt: skip
@@ -688,6 +692,7 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
         history = read_history(folder / "history.csv", dataset_metric(config["dataset"]))
         # The final round's row also carries each class's accuracy, where the run scored them.
         classes = info.get("final_class_accuracy", {}).get("participants", {})
+        code = run_code(info)
         for number, row in enumerate(history, start=1):
             tidy: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
             tidy.update({key: config.get(key, VARIANT_DEFAULTS[key]) for key in VARIANT_COLUMNS})
@@ -695,11 +700,22 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
             tidy.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
             # A method bundle (a named variant) is known by its label, not by its base method.
             tidy.update({"method": run.labels.get("method", config["method"]), "seed": config["seed"]})
+            tidy[CODE_COLUMN] = code
             tidy.update({column: row.get(column, "") for column in METRIC_COLUMNS})
             tidy.update({column: row[column] for column in OPTIONAL_METRIC_COLUMNS if column in row})
             if number == len(history):
                 tidy.update({class_column(name): cell["accuracy"] for name, cell in classes.items()})
             yield tidy
+
+
+def run_code(info: dict[str, Any]) -> str:
+    """The code a run came from, as a table's note names it (``fedcond.provenance.describe``): its
+    first attempt's, then each resume's where it differs (``a1b2c3d>e4f5a6b``); empty for a run
+    recorded before runs knew their commit."""
+    attempts = [info.get(CODE), *(note.get(CODE) for note in info.get("resumed", []))]
+    if all(attempt is None for attempt in attempts):
+        return ""
+    return ">".join(dict.fromkeys(describe_code(attempt) for attempt in attempts))
 
 
 def write_metrics(experiment: Experiment, out: Path) -> Path:
@@ -712,6 +728,8 @@ def write_metrics(experiment: Experiment, out: Path) -> Path:
     if FINGERPRINT_DIM not in settings and any(row[FINGERPRINT_DIM] != FINGERPRINT_DIM_DEFAULT for row in rows):
         variants.append(FINGERPRINT_DIM)
     columns = [*settings, *variants, *RUN_COLUMNS, *METRIC_COLUMNS, *optional]
+    # Where some run knows its code (every run since provenance was recorded; older tables unchanged).
+    columns += [CODE_COLUMN] * any(row[CODE_COLUMN] for row in rows)
     columns += list(dict.fromkeys(key for row in rows for key in row if key.startswith(CLASS_PREFIX)))
     # A regression task's rows name their score columns rmse (fedcond.history.column_on_disk).
     metrics = sorted({dataset_metric(str(row["dataset"])) for row in rows} - {SCORE})

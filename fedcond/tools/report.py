@@ -24,6 +24,7 @@ from fedcond.metrics import LOWER_IS_BETTER
 from fedcond.paper import PaperMatch, character_value, lookup, tables_in_order
 from fedcond.tools.experiment import (
     CLASS_PREFIX,
+    CODE_COLUMN,
     METRIC_COLUMNS,
     METRICS_FILE,
     OPTIONAL_METRIC_COLUMNS,
@@ -325,6 +326,28 @@ def paper_legend(rows: Sequence[Row], matches: Mapping[str, PaperMatch]) -> list
         lines.append(f"{prefix} for {', '.join(labels)}: {reason}.")
     if len(missing) > MAX_REASONS:
         lines.append(f"— and {len(missing) - MAX_REASONS} more settings without a paper counterpart.")
+    return lines + provenance_lines(rows)
+
+
+def provenance_lines(rows: Sequence[Row]) -> list[str]:
+    """Lines under a table whose runs came from more than one version of the code, or from code with
+    uncommitted changes (metrics.csv's ``code``, from each run.json); none where no run knows its code."""
+    codes = {run: history[-1].get(CODE_COLUMN, "") for run, history in _runs(rows).items()}
+    if not any(codes.values()):
+        return []
+    lines = []
+    by_code: dict[str, list[str]] = defaultdict(list)
+    for (method, seed), code in codes.items():
+        by_code[code or "unknown (recorded before runs knew their commit)"].append(f"{method} seed {seed}")
+    if len(by_code) > 1:
+        lines.append(
+            f"These runs come from {len(by_code)} versions of the code (run.json's code): "
+            + "; ".join(f"{code}: {', '.join(runs)}" for code, runs in sorted(by_code.items()))
+            + "."
+        )
+    dirty = [run for code, runs in sorted(by_code.items()) if "+changes" in code for run in runs]
+    if dirty:
+        lines.append(f"Made from code with uncommitted changes: {', '.join(dirty)}.")
     return lines
 
 
