@@ -3,8 +3,9 @@
     python experiments/paired_intervals.py RESULTS_DIR [RESULTS_DIR ...] --reference oracle [--column accuracy]
 
 For every method and grid point (the folder's axes other than method and seed), the final-round value
-of ``--column`` minus the reference's, seed by seed, then the mean difference and its 95% Student-t
-half-width over the paired seeds (docs/instability.md quotes these). A method missing a seed the
+of ``--column`` minus the reference's, seed by seed, then the mean difference, its 95% Student-t
+half-width over the paired seeds and the verdict they allow (``above``, ``below``, or ``not
+established at n seeds``: ``fedcond.tools.report.paired_verdict``; docs/instability.md quotes these). A method missing a seed the
 reference has is paired on the seeds both have, and the seed count is printed.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedcond.tools.experiment import column_name, load_experiment
-from fedcond.tools.report import confidence_half_width
+from fedcond.tools.report import confidence_half_width, paired_verdict
 
 
 def final_values(folder: Path, column: str) -> dict[tuple[str, str], dict[str, float]]:
@@ -52,19 +53,20 @@ def main() -> None:
     for folder in arguments.folders:
         finals = final_values(folder, arguments.column)
         print(f"## {folder}: final {arguments.column}, paired against {arguments.reference} (points, 95% t)")
-        print("| point | method | seeds | mean | mean - reference | 95% half-width |")
-        print("|---|---|---|---|---|---|")
+        print("| point | method | seeds | mean | mean - reference | 95% half-width | verdict |")
+        print("|---|---|---|---|---|---|---|")
         for (point, method), seeds in sorted(finals.items()):
             reference = finals.get((point, arguments.reference), {})
             paired = sorted(set(seeds) & set(reference))
             differences = [100 * (seeds[seed] - reference[seed]) for seed in paired]
             mean = sum(seeds.values()) / len(seeds)
             if method == arguments.reference or not differences:
-                print(f"| {point} | {method} | {len(seeds)} | {mean:.3f} | | |")
+                print(f"| {point} | {method} | {len(seeds)} | {mean:.3f} | | | |")
                 continue
             half = confidence_half_width(differences) if len(differences) > 1 else math.nan
             average = sum(differences) / len(differences)
-            print(f"| {point} | {method} | {len(paired)} | {mean:.3f} | {average:+.2f} | {half:.2f} |")
+            verdict = paired_verdict(differences)
+            print(f"| {point} | {method} | {len(paired)} | {mean:.3f} | {average:+.2f} | {half:.2f} | {verdict} |")
         print()
 
 

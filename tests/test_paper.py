@@ -369,3 +369,27 @@ def test_emnist_runs_meet_table_viii_by_the_number_of_eigenvectors_they_read():
     }
     assert lookup({**appendix, "fingerprint_dim": "1"}).value == 0.964
     assert "first eigenvector (fingerprint-dim=1), not 2" in lookup({**appendix, "fingerprint_dim": "2"}).reason
+
+
+def test_a_mean_some_seeds_did_not_measure_says_over_how_many_and_a_table_says_its_n():
+    # Seed 0's runs predate the worst-client column: the mean is seed 1's alone, and says so.
+    rows = [{**row, "worst_accuracy": "" if row["seed"] == "0" else "0.25"} for row in metrics_rows()]
+    summary = compare_summary(rows, "t")
+    assert "| 2 | conditional | 2 | 0.910 ± 0.127 | 1.000 | -9.0 | 0.250 (1 of 2 seeds) |" in summary
+    # The paper-layout table: n a cell, and the cells with fewer named.
+    from fedcond.tools.report import seeds_lines
+
+    spec = TableSpec(columns=("num-clusters",), groups="dataset")
+    assert seeds_lines(metrics_rows(), spec) == ["n: 2 seeds a cell."]
+    fewer = [row for row in metrics_rows() if not (row["method"] == "fedavg" and row["seed"] == "1")]
+    assert seeds_lines(fewer, spec) == ["n: 2 seeds a cell; fewer in fedavg, mnist K=5 (1)."]
+
+
+def test_a_paired_verdict_follows_the_interval():
+    from fedcond.tools.report import paired_verdict
+
+    assert paired_verdict([1.0, 1.2, 0.9]) == "above"
+    assert paired_verdict([-1.0, -1.2, -0.9]) == "below"
+    # E4b's control, Conditional minus Oracle over seeds 0-2 (points): +1.13 +- 3.69.
+    assert paired_verdict([0.31, 0.24, 2.85]) == "not established at 3 seeds"
+    assert paired_verdict([5.0]) == "not established at 1 seed"

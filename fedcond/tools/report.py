@@ -61,12 +61,26 @@ def _score_named(row: Row) -> Row:
 
 
 def confidence_half_width(values: Sequence[float], level: float = 0.95) -> float:
-    """Half-width of the Student-t confidence interval of the mean; NaN for a single value."""
+    """Half-width of the Student-t confidence interval of the mean of the finite ``values``; NaN for
+    fewer than two."""
+    values = [value for value in values if math.isfinite(value)]
     if len(values) < 2:
         return math.nan
     from scipy.stats import t
 
     return float(t.ppf(0.5 + level / 2, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
+
+
+def paired_verdict(differences: Sequence[float]) -> str:
+    """What paired differences (method minus reference, one per seed both ran, same splits) allow:
+    ``above`` or ``below`` where the 95% Student-t interval of their mean excludes 0, else ``not
+    established at n seeds`` (one seed establishes nothing)."""
+    finite = [value for value in differences if math.isfinite(value)]
+    half = confidence_half_width(finite)
+    mean = float(np.mean(finite)) if finite else math.nan
+    if not math.isfinite(half) or abs(mean) <= half:
+        return f"not established at {len(finite)} seed{'s' * (len(finite) != 1)}"
+    return "above" if mean > 0 else "below"
 
 
 @dataclass(frozen=True)
@@ -125,9 +139,23 @@ def _histories_by_method(rows: Iterable[Row]) -> dict[str, list[list[Row]]]:
     return by_method
 
 
-def _mean(values: Iterable[float]) -> float:
-    values = [value for value in values if math.isfinite(value)]
-    return float(np.mean(values)) if values else math.nan
+class SeedMean(float):
+    """A mean over the runs (seeds) that measured it: ``n`` of the ``of`` runs asked; shown with that
+    count wherever it is not all of them (``format_accuracy``), never as a mean of them all."""
+
+    n: int
+    of: int
+
+    def __new__(cls, value: float, n: int, of: int) -> SeedMean:
+        mean = super().__new__(cls, value)
+        mean.n, mean.of = n, of
+        return mean
+
+
+def _mean(values: Iterable[float]) -> SeedMean:
+    values = list(values)
+    finite = [value for value in values if math.isfinite(value)]
+    return SeedMean(float(np.mean(finite)) if finite else math.nan, len(finite), len(values))
 
 
 def rows_metric(rows: Iterable[Row]) -> str:
@@ -194,9 +222,14 @@ def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
 
 
 def format_accuracy(mean: float, half_width: float = math.nan) -> str:
+    """``0.912 ± 0.013``; a mean some runs did not measure says over how many it is
+    (``0.115 (2 of 3 seeds)``)."""
     if not math.isfinite(mean):
         return "n/a"
-    return f"{mean:.3f} ± {half_width:.3f}" if math.isfinite(half_width) else f"{mean:.3f}"
+    text = f"{mean:.3f} ± {half_width:.3f}" if math.isfinite(half_width) else f"{mean:.3f}"
+    if isinstance(mean, SeedMean) and mean.n < mean.of:
+        text += f" ({mean.n} of {mean.of} seeds)"
+    return text
 
 
 def format_delta(ours: float, paper: float, metric: str = "accuracy") -> str:
@@ -612,8 +645,9 @@ class TableData:
 
     def heldout_cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
         """Final accuracies of the held-out clients (never trained) of one cell; empty without them."""
-        finals = (as_float(final.get("heldout_accuracy", "")) for final in self.cell_rows(row, group, values))
-        return [value for value in finals if math.isfinite(value)]
+        finals = [as_float(final.get("heldout_accuracy", "")) for final in self.cell_rows(row, group, values)]
+        # A run without held-out clients stays in the list as NaN: the cell's mean says it is over fewer.
+        return finals if any(math.isfinite(value) for value in finals) else []
 
     @property
     def has_heldout(self) -> bool:
@@ -691,10 +725,10 @@ def class_table(rows: Sequence[Row], spec: TableSpec) -> str:
         for slot in slots:
             finals = data.cell_rows(*slot)
             values = [as_float(final.get(class_column(name), "")) for final in finals]
-            values = [value for value in values if math.isfinite(value)]
-            text = format_accuracy(_mean(values), confidence_half_width(values)) if values else "—"
+            scored = any(math.isfinite(value) for value in values)
+            text = format_accuracy(_mean(values), confidence_half_width(values)) if scored else "—"
             paper = character_value(finals[0], name)
-            cells.append(text + (f" (paper {paper:.3f})" if values and paper is not None else ""))
+            cells.append(text + (f" (paper {paper:.3f})" if scored and paper is not None else ""))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -743,10 +777,32 @@ def tables_markdown(rows: Sequence[Row], specs: Sequence[TableSpec], title: str,
             continue
         figure = table_figure(rows, spec, out / f"table-{number}.png", spec.title or title) if rows else None
         table, matches = _paper_table(rows, spec) if rows else ("(no runs)", {})
-        parts += ["", f"## {spec.title or f'Table {number}'}", "", table, *legend_markdown(paper_legend(rows, matches))]
+        legend = [*seeds_lines(rows, spec), *paper_legend(rows, matches)] if rows else []
+        parts += ["", f"## {spec.title or f'Table {number}'}", "", table, *legend_markdown(legend)]
         if figure:
             parts += ["", f"![{spec.title or f'Table {number}'}]({figure.name})"]
     return "\n".join(parts) + "\n"
+
+
+def seeds_lines(rows: Sequence[Row], spec: TableSpec) -> list[str]:
+    """How many seeds each cell of a paper-layout table holds: one count for the table, and the
+    cells with fewer named."""
+    data = TableData.of(rows, spec)
+    counts = {
+        f"{row}, {data.header(group, values)}": len(data.cell(row, group, values))
+        for row in data.rows
+        for group in data.groups
+        for values in data.columns
+        if data.cell(row, group, values)
+    }
+    if not counts:
+        return []
+    most = max(counts.values())
+    fewer = {cell: count for cell, count in counts.items() if count < most}
+    line = f"n: {most} seed{'s' * (most != 1)} a cell"
+    if fewer:
+        line += "; fewer in " + "; ".join(f"{cell} ({count})" for cell, count in fewer.items())
+    return [line + "."]
 
 
 def scenario_groups(rows: Sequence[Row], setting_columns: Sequence[str]) -> dict[tuple[str, ...], list[Row]]:
