@@ -413,7 +413,7 @@ def display_path(path: Path) -> str:
 
 
 def reproduction(folders: Sequence[str], out: str, notes: str | None) -> int:
-    """``fedcond reproduction``: the hand-written notes, then every folder's results beside the paper's."""
+    """``fedcond reproduction``: every folder's results beside the paper's, under a link to the notes."""
     from fedcond.tools.report import GENERATED_MARKER, NOTES_FILE, reproduction_markdown
 
     out_path = Path(out)
@@ -423,13 +423,13 @@ def reproduction(folders: Sequence[str], out: str, notes: str | None) -> int:
             f"no notes file {notes_path}; write the hand-written part of the report there or pass --notes"
         )
     if out_path.is_file() and not out_path.read_text().startswith(GENERATED_MARKER):
-        # Never overwrite prose: it belongs in the notes file, which is included verbatim.
+        # Never overwrite prose: it belongs in the notes file, which the report links to.
         raise FedcondError(f"{out_path} was written by hand; move its prose into {notes_path}, then delete it")
     command = " ".join(
         ["fedcond reproduction", *map(display_path, map(Path, folders)), "--out", display_path(out_path)]
         + (["--notes", display_path(notes_path)] if notes else [])
     )
-    text = reproduction_markdown([Path(folder) for folder in folders], notes_path.read_text(), command, out_path.parent)
+    text = reproduction_markdown([Path(folder) for folder in folders], notes_path, command, out_path.parent)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(text)
     print(f"fedcond: {out_path} written from {len(folders)} results folder(s) and {notes_path}")

@@ -987,22 +987,23 @@ def variant_table(
     return "\n".join(lines)
 
 
-def reproduction_markdown(folders: Sequence[Path], notes: str, command: str, base: Path) -> str:
-    """The reproduction report: the hand-written notes verbatim, then every folder's results beside
-    the paper's (links relative to ``base``, the report's folder)."""
-    do_not_edit = f"do not edit; edit the notes file and regenerate with `{command}`"
+def reproduction_markdown(folders: Sequence[Path], notes: Path, command: str, base: Path) -> str:
+    """The reproduction report: a link to the hand-written ``notes`` (the discussion and verdicts,
+    kept in one place), then every folder's results beside the paper's (links relative to ``base``,
+    the report's folder)."""
+    do_not_edit = f"do not edit; regenerate with `{command}`"
     parts = [
         f"{GENERATED_MARKER}: {do_not_edit} -->",
         "",
-        notes.rstrip(),
+        "# Our results beside the paper's (generated)",
         "",
-        "## Results beside the paper (generated)",
-        "",
-        f"*This section is generated from the results folders below: {do_not_edit}.* Ours: final-round mean "
-        "client test accuracy, the mean over seeds ± the 95% Student-t half-width with several seeds. Paper: the "
-        "paper's number for the same setting (experiments/paper/results.md); Δ: ours minus paper, in accuracy "
-        "points (a regression task's: its RMSE, lower is better, and the difference in RMSE). Time per run: mean "
-        "wall time of one run on the machine that ran it.",
+        f"What these results say about each of the paper's claims, and why ours differ where they do, is "
+        f"written in [{notes.name}]({_link(notes, base)}); this page is generated from the results folders "
+        f"below ({do_not_edit}). Ours: final-round mean client test accuracy, the mean over seeds ± the 95% "
+        "Student-t half-width with several seeds. Paper: the paper's number for the same setting "
+        "(experiments/paper/results.md); Δ: ours minus paper, in accuracy points (a regression task's: its "
+        "RMSE, lower is better, and the difference in RMSE). Time per run: mean wall time of one run on the "
+        "machine that ran it.",
         "",
     ]
     for folder in folders:
