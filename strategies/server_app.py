@@ -11,6 +11,7 @@ leaving the SuperLink to wait a minute for the missing heartbeat and the last li
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 from collections.abc import Iterator, Mapping
@@ -19,13 +20,14 @@ from flwr.common import Context
 from flwr.common.logger import FLOWER_LOGGER
 from flwr.server import Grid, ServerApp, ServerConfig
 from flwr.server.compat import start_grid
+from flwr.supercore.exit import add_exit_handler
 
 from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import load_checkpoint, resume_folder, resumption_note, run_info
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
-from fedcond.history import RunRecorder, error_line, failures_recorded, open_run, reopen_run
+from fedcond.history import RunRecorder, error_line, failures_recorded, mark_failed, open_run, reopen_run
 from fedcond.model_store import CLIENT_STATE_DIR, remove_run_state
 from fedcond.scenarios import scenario_for
 from strategies import client_dp
@@ -43,6 +45,9 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     refused a resume that cannot be).
     """
     with served_run(config, grid) as (server, _, rounds_left):
+        # `flwr stop` ends the run through Flower's exit handlers (its heartbeat raises SIGINT in the
+        # ServerApp's process, deployed or `flwr run`'s simulation), with no exception here to record.
+        add_exit_handler(functools.partial(mark_failed, server.recorder.folder, stopped_reason(server.recorder.folder)))
         # Flower gives every fit and evaluate message round_timeout as its lifetime (TTL).
         server_config = ServerConfig(num_rounds=rounds_left, round_timeout=message_timeout(config))
         try:
@@ -94,6 +99,14 @@ def served_run(config: RunConfig, grid: Grid | None) -> Iterator[tuple[Checkpoin
         server = CheckpointingServer(strategy, recorder, rounds_before, client_dp.with_client_dp(strategy, config))
         yield server, strategy, config.num_server_rounds - rounds_before
         recorder.finish({"secure_sum_bytes": strategy.secure_sum_bytes, "checkpoint": server.checkpoint_cost()})
+
+
+def stopped_reason(folder: object) -> str:
+    """run.json's error of a run Flower stopped from outside (``flwr stop``, a signal to its process)."""
+    return (
+        f"stopped before it finished (flwr stop, or a signal to the ServerApp's process); resume={folder} "
+        "with num-server-rounds continues it"
+    )
 
 
 class RunStopped(Exception):

@@ -533,3 +533,25 @@ def test_a_run_json_that_cannot_be_written_leaves_the_previous_one_whole(tmp_pat
     monkeypatch.undo()
     assert json.loads((tmp_path / "run.json").read_text()) == {"status": "running", "rounds_completed": 3}
     assert sorted(path.name for path in tmp_path.iterdir()) == ["run.json"]  # no temporary left behind
+
+
+def test_a_run_flower_stops_from_outside_says_so_in_its_run_json(tmp_path):
+    """`flwr stop` ends a run through Flower's exit handlers (its heartbeat raises SIGINT in the
+    ServerApp's process), with no exception for the run to record: the ServerApp registers one that
+    marks run.json. Here Flower's handlers are triggered as its exit does, while round 2 is asked."""
+    from flwr.supercore.exit.exit_handler import trigger_exit_handlers
+
+    config = small(tmp_path, "fedavg", "stopped", **{"evaluate-in-fit": False})
+    folder = tmp_path / "results" / "stopped"
+    seen: dict[str, object] = {}
+
+    def flower_exits_in_round_2(message, context, call_next):
+        rows = history(folder) if (folder / "history.csv").exists() else []
+        if len(rows) == 1 and not seen:
+            trigger_exit_handlers(run_before_force_exit=False)
+            seen.update(json.loads((folder / "run.json").read_text()))
+        return call_next(message, context)
+
+    simulate(config, client_mods=[flower_exits_in_round_2], quiet=True)
+    assert seen["status"] == "failed" and "stopped before it finished (flwr stop" in str(seen["error"])
+    assert f"resume={folder}" in str(seen["error"])
