@@ -358,9 +358,9 @@ def run_framework(workload: str, settings: dict[str, object], threads: int, out:
 def simulate_main(assignments: list[str]) -> int:
     """The ``simulate`` part: fedcond's in-process simulation of the same run, in this process."""
     from fedcond.tools.flwr_commands import default_config, parse_assignments
+    from fedcond.tools.simulation import simulate
     from strategies.checks import check_run
     from strategies.registry import run_config
-    from strategies.simulation import simulate
 
     config = run_config({**default_config(), **parse_assignments(assignments)})
     check_run(config, load_data=True)

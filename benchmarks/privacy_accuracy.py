@@ -53,10 +53,10 @@ from fedcond.client_data import client_fingerprint, load_client_data
 from fedcond.config import RunConfig
 from fedcond.history import error_line, mark_failed, run_status
 from fedcond.tools.flwr_commands import parse_assignments
+from fedcond.tools.simulation import simulate
 from strategies import client_dp
 from strategies.checks import check_run
 from strategies.registry import run_config
-from strategies.simulation import simulate
 
 # name -> run-config settings on top of the command line's.
 SETTINGS: dict[str, dict[str, object]] = {

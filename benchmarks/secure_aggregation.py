@@ -5,7 +5,7 @@
     python benchmarks/secure_aggregation.py --out DIR --table                      # the table, from DIR
     python benchmarks/secure_aggregation.py --out DIR num-server-rounds=5          # other settings
 
-Each setting is one in-process Flower simulation (``strategies.simulation.simulate``, the path
+Each setting is one in-process Flower simulation (``fedcond.tools.simulation.simulate``, the path
 ``fedcond compare`` takes) into ``OUT/<name>/``; a finished one is not run again. ``--table`` prints
 per pair (plain, SecAgg+): final accuracy of each, the largest per-round accuracy difference, median
 bytes down and up per round, median seconds per round after the first, and the one-off bytes of the
@@ -35,8 +35,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from fedcond.history import run_status
 from fedcond.tools.flwr_commands import parse_assignments
+from fedcond.tools.simulation import simulate
 from strategies.registry import run_config
-from strategies.simulation import simulate
 
 # Ray actors unpickle the ClientApp, mods included: by value (benchmarks/ is no package they import).
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -5,8 +5,9 @@
 For every method and grid point (the folder's axes other than method and seed), the final-round value
 of ``--column`` minus the reference's, seed by seed, then the mean difference, its 95% Student-t
 half-width over the paired seeds and the verdict they allow (``above``, ``below``, or ``not
-established at n seeds``: ``fedcond.tools.report.paired_verdict``; docs/instability.md quotes these). A method missing a seed the
-reference has is paired on the seeds both have, and the seed count is printed.
+established at n seeds``: ``fedcond.tools.report.paired_verdict``; docs/instability.md quotes these).
+A method missing a seed the reference has is paired on the seeds both have, and the seed count is
+printed.
 """
 
 from __future__ import annotations

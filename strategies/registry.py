@@ -25,7 +25,6 @@ from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.pooled import POOLED_METHODS
 
 if TYPE_CHECKING:
-    from clients.fedcond_client import FedcondClient
     from strategies.base import FedcondStrategy
 
 
@@ -60,7 +59,9 @@ class Method:
     competitor: bool = False
 
     @property
-    def client(self) -> type[FedcondClient] | None:
+    def client(self) -> type[Any] | None:
+        """The client class (a ``clients.fedcond_client.FedcondClient``; named by its path only, so
+        that nothing in ``strategies/`` imports ``clients/``)."""
         return load_class(self.client_path) if self.client_path else None
 
     @property
@@ -273,7 +274,7 @@ def held_out_methods() -> list[str]:
     return [name for name in flower_method_names() if registry()[name].serves_held_out_clients]
 
 
-def federated(method: Method) -> tuple[type[FedcondClient], type[FedcondStrategy]]:
+def federated(method: Method) -> tuple[type[Any], type[FedcondStrategy]]:
     """The method's client and strategy classes; Flower runs only federated methods."""
     if method.client_path is None or method.strategy_path is None:
         raise FedcondError(

@@ -195,7 +195,7 @@ RUNS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_every_key_of_every_message_is_on_the_allow_list(tmp_path, name):
-    from strategies.simulation import simulate
+    from fedcond.tools.simulation import simulate
     from tests.message_log import MessageLog, read_log
 
     log = tmp_path / "messages.jsonl"

@@ -263,7 +263,7 @@ def test_three_node_tls_deployment_matches_the_simulation(tmp_path):
     (run,) = (tmp_path / "deployed").iterdir()
     assert (run / "deploy-logs" / "superlink.log").is_file() and (run / "deploy-logs" / "supernode-2.log").is_file()
 
-    from strategies.simulation import simulate
+    from fedcond.tools.simulation import simulate
 
     config = RunConfig.from_mapping(
         {"num-clusters": 3, "clients-per-cluster": 1, "num-server-rounds": 2, "verbose": False,

@@ -120,3 +120,16 @@ def test_a_clientapp_process_imports_no_server_or_report_libraries():
     load_dataset("digits", None)  # decoded into the shared cache here, as a deployed node finds its data
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_strategies_import_nothing_of_clients_and_clients_only_the_method_table():
+    """The Flower adapters stay apart: what runs both (the in-process simulation) sits with the tools.
+    ``clients.app`` reads the method table to build its method's client: the one import across."""
+    modules = project_modules()
+    across = {
+        (name, target)
+        for name, path in modules.items()
+        for target in imports_of(path, set(modules))
+        if {name.split(".")[0], target.split(".")[0]} == {"clients", "strategies"}
+    }
+    assert across == {("clients.app", "strategies.registry")}

@@ -379,7 +379,7 @@ def read_run(results: Path) -> tuple[list[dict[str, str]], dict]:
 
 @pytest.mark.slow
 def test_dp_sgd_run_reports_a_growing_epsilon_and_withholds_the_training_loss(tmp_path):
-    from strategies.simulation import simulate
+    from fedcond.tools.simulation import simulate
 
     config = run_config({
         **SMALL, "num-server-rounds": 2, "dp-noise-multiplier": 1.0, "fingerprint-epsilon": 4.0,
@@ -400,7 +400,7 @@ def test_dp_sgd_run_reports_a_growing_epsilon_and_withholds_the_training_loss(tm
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["server-side", "client-side"])
 def test_client_level_dp_clips_every_update_and_keeps_the_history(tmp_path, mode):
-    from strategies.simulation import simulate
+    from fedcond.tools.simulation import simulate
 
     # No noise and a clipping norm of 1e-9: the global model cannot move, so both rounds evaluate
     # the same model (without clipping round 2's accuracy differs).

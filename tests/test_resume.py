@@ -29,8 +29,8 @@ from fedcond.tools.cli import default_config, main
 from fedcond.tools.experiment import Experiment, run_experiment
 from fedcond.tools.flwr_commands import prepare
 from fedcond.tools.processes import alive
+from fedcond.tools.simulation import simulate
 from strategies.registry import run_config
-from strategies.simulation import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 # Columns that must agree between a resumed and an uninterrupted run: everything but wall time.
@@ -64,7 +64,7 @@ def kill_after_round(
     """Run ``config`` in a process of its own and SIGKILL it (and every process it started) as soon
     as the checkpoint of ``round_number`` exists and ``history.csv`` has ``history_rows`` rounds."""
     script = (
-        "import json, sys\nfrom strategies.registry import run_config\nfrom strategies.simulation import simulate\n"
+        "import json, sys\nfrom strategies.registry import run_config\nfrom fedcond.tools.simulation import simulate\n"
         # Its ClientApps in it, with this process's torch threads: the same numbers as this test's runs.
         "from tests.thread_backend import install\ninstall()\nimport torch\ntorch.set_num_threads(int(sys.argv[2]))\n"
         "simulate(run_config(json.loads(sys.argv[1])))\n"

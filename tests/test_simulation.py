@@ -11,8 +11,8 @@ import pytest
 
 from fedcond.config import RunConfig
 from fedcond.scenarios import SCENARIOS
+from fedcond.tools.simulation import simulate
 from strategies.registry import flower_method_names, get_method, registry, run_config
-from strategies.simulation import simulate
 from tests.faults import FIT, HANG, RAISE, REPORT, Fault
 
 

@@ -194,7 +194,7 @@ def test_a_regression_run_writes_rmse_through_history_run_json_and_the_report(tm
     import json
 
     from fedcond.tools.report import read_metrics, summarise, summary_table
-    from strategies.simulation import simulate
+    from fedcond.tools.simulation import simulate
 
     config = RunConfig.from_mapping({
         **LINEAR, "num-clusters": 2, "clients-per-cluster": 3, "num-server-rounds": 2, "data-fraction": 0.03,

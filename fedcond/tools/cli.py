@@ -252,7 +252,7 @@ def closing_summary(folder: Path, plotted: bool = False) -> str:
 def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> Callable[[RunConfig], None]:
     """Runs one configuration as an in-process Flower simulation (ServerApp thread, Ray clients)."""
     from fedcond.pooled import run_pooled
-    from strategies.simulation import simulate
+    from fedcond.tools.simulation import simulate
 
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     for name, value in OFFLINE_ENVIRONMENT.items():
