@@ -109,6 +109,7 @@ def copy_of_the_experiments(tmp_path, monkeypatch):
     Without the runs' checkpoints, which no documented command reads (a --dry-run plans from run.json):
     a checkout that has run the sweeps holds hundreds of MB of them, copied once per command."""
     shutil.copytree(ROOT / "experiments", tmp_path / "experiments", ignore=shutil.ignore_patterns(*RUN_STATE))
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")  # the reproduction rewrites its verdict lines
     monkeypatch.chdir(tmp_path)
     # A Flower home of its own: `fedcond stop-superlink` must not end the user's local SuperLink.
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
@@ -140,7 +141,9 @@ def test_a_documented_command_runs_as_written(document, command, copy_of_the_exp
                 assert (Path(words[1]) / name).read_text() == committed.read_text(), f"{words[1]}/{name} is stale"
     if subcommand == "reproduction":
         out = words[words.index("--out") + 1]
-        assert Path(out).read_text() == (ROOT / out).read_text(), f"{out} does not regenerate byte-identical"
+        written = [out] + [words[words.index("--readme") + 1]] * ("--readme" in words)
+        for path in written:
+            assert Path(path).read_text() == (ROOT / path).read_text(), f"{path} does not regenerate byte-identical"
 
 
 COMMITTED = sorted(path.parent for path in (ROOT / "experiments" / "results").glob("*/experiment.json"))

@@ -412,8 +412,12 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-def reproduction(folders: Sequence[str], out: str, notes: str | None) -> int:
-    """``fedcond reproduction``: every folder's results beside the paper's, under a link to the notes."""
+def reproduction(
+    folders: Sequence[str], out: str, notes: str | None, claims_file: str | None = None, readme: str | None = None
+) -> int:
+    """``fedcond reproduction``: the claims' verdicts, then every folder's results beside the paper's,
+    under a link to the notes; with ``readme``, that file's generated verdict lines too."""
+    from fedcond.tools.claims import CLAIMS_FILE, load_claims, readme_block, verdicts_markdown, with_readme_block
     from fedcond.tools.report import GENERATED_MARKER, NOTES_FILE, reproduction_markdown
 
     out_path = Path(out)
@@ -425,14 +429,28 @@ def reproduction(folders: Sequence[str], out: str, notes: str | None) -> int:
     if out_path.is_file() and not out_path.read_text().startswith(GENERATED_MARKER):
         # Never overwrite prose: it belongs in the notes file, which the report links to.
         raise FedcondError(f"{out_path} was written by hand; move its prose into {notes_path}, then delete it")
+    claims = load_claims(Path(claims_file) if claims_file else out_path.parent / CLAIMS_FILE)
+    readme_path = Path(readme) if readme else None
+    if readme_path is not None and not readme_path.is_file():
+        raise FedcondError(f"no README {readme_path}; pass --readme with the README to update")
     command = " ".join(
         ["fedcond reproduction", *map(display_path, map(Path, folders)), "--out", display_path(out_path)]
         + (["--notes", display_path(notes_path)] if notes else [])
+        + (["--claims", display_path(Path(claims_file))] if claims_file else [])
+        + (["--readme", display_path(readme_path)] if readme_path else [])
     )
-    text = reproduction_markdown([Path(folder) for folder in folders], notes_path, command, out_path.parent)
+    verdicts = verdicts_markdown(claims, out_path.parent)
+    text = reproduction_markdown([Path(folder) for folder in folders], notes_path, command, out_path.parent, verdicts)
+    readme_text = None
+    if readme_path is not None:  # computed before anything is written: a bad block writes nothing
+        block = readme_block(claims, readme_path.parent, out_path)
+        readme_text = with_readme_block(readme_path.read_text(), block, readme_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(text)
-    print(f"fedcond: {out_path} written from {len(folders)} results folder(s) and {notes_path}")
+    if readme_path is not None and readme_text is not None:
+        readme_path.write_text(readme_text)
+    print(f"fedcond: {out_path} written from {len(folders)} results folder(s), {notes_path} and {claims.path}"
+          + (f"; {readme_path}'s verdicts updated" if readme_path else ""))  # fmt: skip
     return 0
 
 
@@ -524,7 +542,13 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
     reproduction_parser.add_argument(
         "--notes",
         metavar="FILE",
-        help="hand-written preamble, included verbatim (default: reproduction-notes.md beside --out)",
+        help="the hand-written discussion the report links to (default: reproduction-notes.md beside --out)",
+    )
+    reproduction_parser.add_argument(
+        "--claims", metavar="FILE", help="the claims and the runs that answer them (default: claims.toml beside --out)"
+    )
+    reproduction_parser.add_argument(
+        "--readme", metavar="FILE", help="also rewrite this README's generated verdict lines and method-choice table"
     )
 
 
@@ -603,7 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command == "report":
             return report(Path(arguments.out))
         if arguments.command == "reproduction":
-            return reproduction(arguments.folders, arguments.out, arguments.notes)
+            return reproduction(arguments.folders, arguments.out, arguments.notes, arguments.claims, arguments.readme)
         if arguments.command == "submit":
             from fedcond.tools.submit import submit
 

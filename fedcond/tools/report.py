@@ -987,10 +987,12 @@ def variant_table(
     return "\n".join(lines)
 
 
-def reproduction_markdown(folders: Sequence[Path], notes: Path, command: str, base: Path) -> str:
-    """The reproduction report: a link to the hand-written ``notes`` (the discussion and verdicts,
-    kept in one place), then every folder's results beside the paper's (links relative to ``base``,
-    the report's folder)."""
+def reproduction_markdown(
+    folders: Sequence[Path], notes: Path, command: str, base: Path, verdicts: Sequence[str] = ()
+) -> str:
+    """The reproduction report: a link to the hand-written ``notes`` (the discussion, kept in one
+    place), the ``verdicts`` section (``fedcond.tools.claims``), then every folder's results beside
+    the paper's (links relative to ``base``, the report's folder)."""
     do_not_edit = f"do not edit; regenerate with `{command}`"
     parts = [
         f"{GENERATED_MARKER}: {do_not_edit} -->",
@@ -1005,6 +1007,7 @@ def reproduction_markdown(folders: Sequence[Path], notes: Path, command: str, ba
         "RMSE, lower is better, and the difference in RMSE). Time per run: mean wall time of one run on the "
         "machine that ran it.",
         "",
+        *verdicts,
     ]
     for folder in folders:
         parts += folder_section(folder, base)
