@@ -77,6 +77,12 @@ POOLED_METHODS = {
     "pooled-global": PooledSpec("all", False, "the paper's protocol: one CNN on all clients' pooled data"),
 }
 
+#: What the pooled references serve a newcomer (docs/newcomers.md's table reads it).
+NEWCOMER_RULE = (
+    "the pooled references' own rule: conditioned models take the newcomer's fingerprint, `pooled-oracle` its "
+    "cluster's model; `newcomer-steps` is refused (they train centrally)"
+)
+
 
 @dataclass
 class PooledModel:

@@ -29,7 +29,8 @@ SECURE_AGGREGATION = Option(
     "secure-aggregation",
     "none",
     "`none`, or `secaggplus`: every round's model update goes through Flower's SecAgg+, so the server sees only "
-    "the sample-weighted mean of the updates (fedavg, conditional, ditto, fedprox; with client-dp only client-side)",
+    "the sample-weighted mean of the updates (methods whose server averages one global model; with client-dp "
+    "only client-side)",
 )
 SECAGG_NUM_SHARES = Option(
     "secagg-num-shares", 1.0, "SecAgg+: the fraction of a round's clients each client secret-shares its keys with",

@@ -18,7 +18,7 @@ from fedcond.models import has_batch_norm
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.scenarios import scenario_for, scenario_kind, validate_without_data
 from strategies import client_dp
-from strategies.registry import Method, get_method, held_out_methods
+from strategies.registry import Method, get_method, global_model_methods, held_out_methods
 from strategies.sampling import check_sampling
 
 
@@ -164,4 +164,4 @@ def check_privacy(config: RunConfig, method: Method) -> None:
             "epsilon would restart from 0; start the run again without resume"
         )
     privacy.check_sample_level(config, method.conditioned)
-    client_dp.check_client_dp(config, method.strategy)
+    client_dp.check_client_dp(config, method.strategy, global_model_methods())

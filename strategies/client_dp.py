@@ -23,6 +23,8 @@ Two things the wrappers take for granted that fedcond must provide, done here ra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from flwr.common import FitRes, Parameters, Scalar
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import (
@@ -50,8 +52,8 @@ CLIENT_DP_MODES = ("off", "server-side", "client-side")
 CLIENT_DP = Option(
     "client-dp",
     "off",
-    "client-level DP through Flower's wrappers: `off`, `server-side` or `client-side` clipping (fedavg, conditional, "
-    "ditto, fedprox)",
+    "client-level DP through Flower's wrappers: `off`, `server-side` or `client-side` clipping (methods whose "
+    "server averages one global model)",
 )
 CLIENT_DP_NOISE_MULTIPLIER = Option(
     "client-dp-noise-multiplier", 1.0, "client-level DP: noise std / clipping norm on the sum of updates", minimum=0
@@ -65,8 +67,9 @@ def client_dp_mode(config: RunConfig) -> str:
     return str(CLIENT_DP.of(config))
 
 
-def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None) -> None:
-    """Refuse, before anything starts, client-level DP a method cannot have."""
+def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None, eligible: Sequence[str]) -> None:
+    """Refuse, before anything starts, client-level DP a method cannot have (``eligible``: the methods
+    that can, named in the refusal)."""
     mode = client_dp_mode(config)
     if mode not in CLIENT_DP_MODES:
         raise FedcondError(f"unknown client-dp '{mode}'; choose one of {', '.join(CLIENT_DP_MODES)}")
@@ -82,7 +85,7 @@ def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None) -
     check_delta(DP_DELTA.of(config))
     if strategy is None or not issubclass(strategy, FedcondFedAvg):
         raise FedcondError(
-            f"client-dp needs a server that averages one global model (fedavg, conditional, ditto, fedprox); "
+            f"client-dp needs a server that averages one global model ({', '.join(eligible)}); "
             f"{config.method} does not: set client-dp=off"
         )
     model = build_run_model(config, dataset_spec(config.dataset).num_classes, conditioned=True)

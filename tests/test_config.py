@@ -147,12 +147,15 @@ def test_the_pyproject_block_and_the_settings_page_are_generated_from_the_declar
     and docs/settings.md are what ``fedcond settings --write`` makes of those declarations."""
     from pathlib import Path
 
+    from fedcond.tools.method_docs import regenerated
     from fedcond.tools.settings import pyproject_block, replace_block, settings, settings_markdown
 
     root = Path(__file__).resolve().parents[1]
     pyproject = (root / "pyproject.toml").read_text()
     assert replace_block(pyproject) == pyproject, "run fedcond settings --write"
     assert (root / "docs" / "settings.md").read_text() == settings_markdown(), "run fedcond settings --write"
+    for path, text in regenerated(root).items():  # the method tables, from the methods' Facts
+        assert path.read_text() == text, f"{path.name}: run fedcond settings --write"
     keys = [row.key for row in settings()]
     assert len(keys) == len(set(keys)) and set(keys) == set(default_config())
     assert set(keys) == set(RunConfig().to_mapping()) - {"options"} | {o.key for o in declared_options()}

@@ -150,8 +150,14 @@ def replace_block(text: str) -> str:
 
 
 def write(root: Path) -> list[Path]:
-    """Regenerate the pyproject block and docs/settings.md under ``root``; the files written."""
+    """Regenerate the pyproject block, docs/settings.md and the method tables (``method_docs``)
+    under ``root``; the files written."""
+    from fedcond.tools.method_docs import regenerated
+
+    method_pages = regenerated(root)  # every block found before anything is written
     pyproject = root / PYPROJECT
     pyproject.write_text(replace_block(pyproject.read_text()))
     (root / SETTINGS_PAGE).write_text(settings_markdown())
-    return [pyproject, root / SETTINGS_PAGE]
+    for path, text in method_pages.items():
+        path.write_text(text)
+    return [pyproject, root / SETTINGS_PAGE, *method_pages]
