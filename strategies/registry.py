@@ -61,6 +61,9 @@ class Facts:
     newcomer_rule: str
     #: What the method does for a client whose data changed mid-run (``drift-fraction``).
     drift: str
+    #: The server holds more than the global model between rounds (per-cluster or per-client models,
+    #: assignments, a hypernetwork): its strategy extends ``state``, which the checkpoint saves.
+    server_state: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ FACTS_ORACLE = Facts(
         "its true cluster's model (the reference: no real method knows the cluster)",
         "`OracleStrategy.evaluate_parameters`", "true cluster",
         "is told: from round D it serves, and averages into, the model of the cluster whose data the client now holds",
+        server_state=True,
     )  # fmt: skip
 FACTS_IFCA = Facts(
         "evaluates all K models on its training data, trains the lowest-loss one",
@@ -183,6 +187,7 @@ FACTS_IFCA = Facts(
         "all K cluster models; it takes the one with the lowest loss on its training data (IFCA's cluster identity "
         "step)", "`IfcaClient.newcomer_model`", "lowest-loss cluster",
         "re-selects: every round it takes the cluster model with the lowest loss on the data it now holds",
+        server_state=True,
     )  # fmt: skip
 FACTS_DITTO = Facts(
         "trains the global model (returned) and a personal model with loss + (lambda/2)·‖w \u2212 w_global‖²", "FedAvg",
@@ -196,6 +201,7 @@ FACTS_GOSSIP = Facts(
         "own model", "2 models per pair, peer to peer",
         "one training client's model, drawn anew each round by a generator seeded with (seed, round, partition): its "
         "one random peer", "`GossipStrategy.newcomer_parameters`", "random peer", KEEPS_MODEL_ON_DRIFT,
+        server_state=True,
     )  # fmt: skip
 FACTS_DAC = Facts(
         "trains its own model", "simulates the network: each client averages with its top-k peers by cosine "
@@ -205,6 +211,7 @@ FACTS_DAC = Facts(
         "of Listo Zec et al.'s original DAC (a peer model's training loss on the client's data), with the paper's "
         "top-k", "`DacStrategy.newcomer_parameters`, `DacClient.newcomer_model`", "lowest-loss peers",
         KEEPS_MODEL_ON_DRIFT,
+        server_state=True,
     )  # fmt: skip
 FACTS_FEDPROX = Facts(
         "trains the global model with loss + (mu/2)·‖w \u2212 w_global‖² (Li et al. 2020; not in the paper)", "FedAvg",
@@ -218,6 +225,7 @@ FACTS_DESCRIPTOR_CLUSTERING = Facts(
         "`fingerprint = \"eigen-x\"`; [baselines.md](baselines.md))", "`DescriptorClusteringStrategy.place`",
         "nearest descriptor",
         "keeps the cluster its descriptor placed it in before round 1 (descriptors are sent once)",
+        server_state=True,
     )  # fmt: skip
 FACTS_CFL = Facts(
         "trains its cluster's model, as FedAvg's client (Sattler et al. 2020; not in the paper)",
@@ -227,6 +235,7 @@ FACTS_CFL = Facts(
         "model and follows the side whose clients' updates its own agrees with ([baselines.md](baselines.md#cfl))",
         "`CflStrategy.evaluate_parameters`, `CflClient`, `fedcond/parameter_tree.py`", "split tree",
         "keeps the cluster it was split into (CFL splits, it never merges or moves a client)",
+        server_state=True,
     )  # fmt: skip
 FACTS_PFEDHN = Facts(
         "trains the model the server generated for it, as FedAvg's client (Shamsian et al. 2021; not in the paper)",
@@ -237,6 +246,7 @@ FACTS_PFEDHN = Facts(
         "frozen (the paper's novel clients; [baselines.md](baselines.md#pfedhn)), scored as its adapted accuracy",
         "`PFedHNStrategy.learn_newcomer_embeddings`, `PFedHNClient`", "mean embedding",
         "keeps its embedding, which goes on learning from its updates on the new data",
+        server_state=True,
     )  # fmt: skip
 
 

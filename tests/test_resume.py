@@ -371,9 +371,13 @@ def methods_with_server_state() -> list[str]:
     return [name for name, m in registry().items() if m.strategy and m.strategy.state is not FedcondStrategy.state]
 
 
-def test_the_methods_with_server_state_are_the_per_client_and_per_cluster_ones():
-    per_cluster = {"oracle", "ifca", "descriptor-clustering", "cfl"}
-    assert set(methods_with_server_state()) == {*per_cluster, "gossip", "dac", "pfedhn"}
+def test_the_methods_whose_server_keeps_state_are_those_that_declare_it():
+    """A method that keeps per-cluster or per-client models must extend ``state`` (the checkpoint
+    saves only what it returns), and one that extends it says so in its Facts."""
+    from strategies.registry import registry
+
+    declared = {name for name, method in registry().items() if method.facts and method.facts.server_state}
+    assert set(methods_with_server_state()) == declared and "oracle" in declared
 
 
 @pytest.mark.parametrize("method", methods_with_server_state())
