@@ -15,9 +15,11 @@ simulation Flower fills in the first two):
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.client import Client, ClientApp
@@ -25,12 +27,43 @@ from flwr.clientapp.typing import Mod
 from flwr.common import Context
 
 from clients.clipping import client_dp_clipping_mod
+from clients.fedcond_client import FedcondClient
 from clients.secagg_mod import secure_aggregation_mod
 from fedcond.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.model_store import CLIENT_STATE_DIR
-from strategies.registry import client_run_config, federated, get_method
+from fedcond.pooled import POOLED_METHODS
+from fedcond.shared_options import CLIENT_SHARED_OPTIONS
+from fedcond.variants import client_path, with_variant_settings
+
+
+def client_class(method: str) -> type[FedcondClient]:
+    """The method's client class, found by its name (``Client`` in ``clients/<method>.py``, a named
+    variant's base method's): its own module alone, nothing of the server's strategies."""
+    if method in POOLED_METHODS:
+        raise FedcondError(
+            f"{method} is the paper's centrally pooled protocol, not a federation; run it with "
+            "fedcond run, compare or sweep (they train it in-process), not with flwr run"
+        )
+    module, _, name = client_path(method).partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as error:
+        if error.name != module:
+            raise
+        raise FedcondError(
+            f"unknown method '{method}': no {module.replace('.', '/')}.py; fedcond list names them"
+        ) from None
+
+
+def client_run_config(mapping: Mapping[str, Any]) -> RunConfig:
+    """The run configuration as a ClientApp reads it: the core settings and the options of its own
+    client class and of the shared client settings, typed and checked; other methods' and the
+    server's options kept as given (the ServerApp checked them all before any client was asked)."""
+    settings = with_variant_settings(mapping)
+    own = (*client_class(str(settings.get("method", RunConfig.method))).options, *CLIENT_SHARED_OPTIONS)
+    return RunConfig.from_mapping(settings, own, keep_unknown=True)
 
 
 def build_client(context: Context, config: RunConfig) -> Client:
@@ -46,10 +79,7 @@ def build_client(context: Context, config: RunConfig) -> Client:
         config = config.replace(data_dir=str(context.node_config["data-dir"]))
     if CLIENT_STATE_DIR.key in context.node_config:
         config = CLIENT_STATE_DIR.set(config, str(context.node_config[CLIENT_STATE_DIR.key]))
-    method = get_method(config.method)
-    client = method.client  # its own class alone: a ClientApp loads nothing of the server's strategies
-    if client is None:
-        federated(method)  # refuses a pooled method in one line
+    client = client_class(config.method)
     data = node_data(context, config, partition_id)
     return client(config, data, context).to_client()
 

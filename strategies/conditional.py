@@ -2,7 +2,7 @@
 
 Its one step of its own comes before round 1: with ``normalisation = "federated"`` the server sums
 every training client's (f, f^2, 1) through Flower's SecAgg+ and sends every client the mean and
-standard deviation that result (``clients/conditional_client.py`` computes and normalises its own
+standard deviation that result (``clients/conditional.py`` computes and normalises its own
 fingerprint with them). Rounds are FedAvg's (``strategies/fedavg.py``).
 """
 

@@ -1,10 +1,11 @@
 """The method table: a method is a client behaviour paired with a strategy, found by name.
 
-Adding a method is its client file and/or strategy file plus one line in ``registry()``; the
-method's own settings (``options``) and whether it serves held-out clients are declared on its
-classes, next to the code that reads them. Entries name their classes (``module:Class``) and import
-them when first asked for, so that a ClientApp process loads its own client class and nothing of
-the servers'. How settings fit together, before anything starts, is ``strategies.checks``.
+A method's client is ``Client`` in ``clients/<method>.py`` (``fedcond.variants.client_path``: the
+ClientApp finds it the same way without this table); its entry here names its strategy class and
+declares its facts. The method's own settings (``options``) and whether it serves held-out clients
+are declared on its classes, next to the code that reads them. Entries import their classes when
+first asked for. Named variants come from ``fedcond.variants``. How settings fit together, before
+anything starts, is ``strategies.checks``.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fedcond import privacy, secagg_settings
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import CHECKPOINT_EVERY, RESUME
 from fedcond.live_curves import LIVE_CURVES
-from fedcond.metrics import PER_CLASS_ACCURACY
-from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.pooled import POOLED_METHODS
+from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SharedOptions
+from fedcond.variants import VARIANTS, client_path, with_variant_settings
 
 if TYPE_CHECKING:
     from strategies.base import FedcondStrategy
@@ -70,13 +70,12 @@ class Facts:
 class Method:
     """A named pairing: how each client behaves and which strategy the server runs.
 
-    ``client_path`` and ``strategy_path`` are ``module:Class`` (None for the pooled references,
-    which train centrally, in-process, without Flower); ``client`` and ``strategy`` import them.
+    ``strategy_path`` is ``module:Class`` (None for the pooled references, which train centrally,
+    in-process, without Flower); ``client`` and ``strategy`` import the classes.
     """
 
     name: str
     summary: str
-    client_path: str | None
     strategy_path: str | None
     #: "federated" (Flower rounds) or "pooled" (the paper's centralised protocol, ``fedcond.pooled``).
     protocol: str = "federated"
@@ -96,9 +95,13 @@ class Method:
         return registry()[self.variant_of].own_facts if self.variant_of else self.own_facts
 
     @property
+    def client_path(self) -> str | None:
+        return client_path(self.name) if self.protocol == "federated" else None
+
+    @property
     def client(self) -> type[Any] | None:
-        """The client class (a ``clients.fedcond_client.FedcondClient``; named by its path only, so
-        that nothing in ``strategies/`` imports ``clients/``)."""
+        """The client class (a ``clients.fedcond_client.FedcondClient``; found by the method's name,
+        so that nothing in ``strategies/`` imports ``clients/``)."""
         return load_class(self.client_path) if self.client_path else None
 
     @property
@@ -139,11 +142,7 @@ class Method:
         return self.strategy.serves_held_out_clients
 
 
-FEDAVG_CLIENT, FEDAVG = "clients.fedcond_client:FedcondClient", "strategies.fedavg:FedcondFedAvg"
-CONDITIONAL_CLIENT, CONDITIONAL = (
-    "clients.conditional_client:ConditionalClient",
-    "strategies.conditional:ConditionalFedAvg",
-)
+FEDAVG, CONDITIONAL = "strategies.fedavg:FedcondFedAvg", "strategies.conditional:ConditionalFedAvg"
 
 
 FEDAVG_COMMUNICATION = "as FedAvg"
@@ -254,49 +253,35 @@ FACTS_PFEDHN = Facts(
 def registry() -> dict[str, Method]:
     """Every method by name, in the order reports list them."""
     methods = (
-        Method("fedavg", "one global backbone CNN, FedAvg over all clients", FEDAVG_CLIENT, FEDAVG,
-               own_facts=FACTS_FEDAVG),
-        Method("conditional", "one global CNN fed each client's fingerprint", CONDITIONAL_CLIENT, CONDITIONAL,
+        Method("fedavg", "one global backbone CNN, FedAvg over all clients", FEDAVG, own_facts=FACTS_FEDAVG),
+        Method("conditional", "one global CNN fed each client's fingerprint", CONDITIONAL,
                own_facts=FACTS_CONDITIONAL),
-        # Not the paper's method: a named variant of it (docs/instability.md), never swapped in silently.
-        Method(
-            "recommended", "conditional with a label-aware fingerprint generating the output layer",
-            CONDITIONAL_CLIENT, CONDITIONAL, variant_of="conditional",
-            fixed_settings=(("fingerprint", "class-mean"), ("conditioning", "hyper")),
-        ),
-        # recommended with the generated head read at the scale of a plain head (docs/instability.md,
-        # "Real images"): what survives federated averaging on CIFAR-10.
-        Method(
-            "scaled-hyper", "recommended with the fingerprint read at 1/sqrt(d) and the generated head started at zero",
-            CONDITIONAL_CLIENT, CONDITIONAL, variant_of="conditional",
-            fixed_settings=(("fingerprint", "class-mean"), ("conditioning", "hyper"), ("condition-scale", "unit"),
-                            ("hyper-init", "zero")),
-        ),
-        Method("local", "each client trains only its own model", "clients.local_client:LocalClient",
-               "strategies.local:LocalStrategy", own_facts=FACTS_LOCAL),
-        Method("oracle", "FedAvg within each true cluster (reference)", FEDAVG_CLIENT,
-               "strategies.cluster_models:OracleStrategy", own_facts=FACTS_ORACLE),
-        Method("ifca", "K models, each client trains its lowest-loss one", "clients.ifca_client:IfcaClient",
-               "strategies.cluster_models:IfcaStrategy", own_facts=FACTS_IFCA),
-        Method("ditto", "personal models pulled towards FedAvg's", "clients.ditto_client:DittoClient", FEDAVG,
-               own_facts=FACTS_DITTO),
-        Method("gossip", "random pairwise averaging of per-client models", FEDAVG_CLIENT,
-               "strategies.peer:GossipStrategy", own_facts=FACTS_GOSSIP),
-        Method("dac", "averaging with the top-k cosine-similar peers", "clients.dac_client:DacClient",
-               "strategies.peer:DacStrategy", own_facts=FACTS_DAC),
+        # Not the paper's method: its named variants (docs/instability.md), never swapped in silently.
+        *(Method(name, variant.summary, CONDITIONAL, variant_of=variant.base, fixed_settings=variant.settings)
+          for name, variant in VARIANTS.items()),
+        Method("local", "each client trains only its own model", "strategies.local:LocalStrategy",
+               own_facts=FACTS_LOCAL),
+        Method("oracle", "FedAvg within each true cluster (reference)", "strategies.cluster_models:OracleStrategy",
+               own_facts=FACTS_ORACLE),
+        Method("ifca", "K models, each client trains its lowest-loss one", "strategies.cluster_models:IfcaStrategy",
+               own_facts=FACTS_IFCA),
+        Method("ditto", "personal models pulled towards FedAvg's", FEDAVG, own_facts=FACTS_DITTO),
+        Method("gossip", "random pairwise averaging of per-client models", "strategies.peer:GossipStrategy",
+               own_facts=FACTS_GOSSIP),
+        Method("dac", "averaging with the top-k cosine-similar peers", "strategies.peer:DacStrategy",
+               own_facts=FACTS_DAC),
         # Beyond the paper: the competitors a reviewer asks about (docs/baselines.md).
-        Method("fedprox", "FedAvg with each client's training pulled towards the global model",
-               "clients.fedprox_client:FedProxClient", FEDAVG, competitor=True, own_facts=FACTS_FEDPROX),
+        Method("fedprox", "FedAvg with each client's training pulled towards the global model", FEDAVG,
+               competitor=True, own_facts=FACTS_FEDPROX),
         Method("descriptor-clustering", "one model per cluster DBSCAN finds in the clients' descriptors (K not given)",
-               "clients.descriptor_client:DescriptorClient", "strategies.cluster_models:DescriptorClusteringStrategy",
-               competitor=True, own_facts=FACTS_DESCRIPTOR_CLUSTERING),
+               "strategies.cluster_models:DescriptorClusteringStrategy", competitor=True,
+               own_facts=FACTS_DESCRIPTOR_CLUSTERING),
         Method("cfl", "clusters split recursively by the cosine similarity of the clients' updates (K not given)",
-               "clients.cfl_client:CflClient", "strategies.cfl:CflStrategy", competitor=True, own_facts=FACTS_CFL),
+               "strategies.cfl:CflStrategy", competitor=True, own_facts=FACTS_CFL),
         Method("pfedhn", "a server-side hypernetwork generates each client's model from its learned embedding",
-               "clients.pfedhn_client:PFedHNClient", "strategies.pfedhn:PFedHNStrategy", competitor=True,
-               own_facts=FACTS_PFEDHN),
+               "strategies.pfedhn:PFedHNStrategy", competitor=True, own_facts=FACTS_PFEDHN),
         # The paper's own protocol, centrally pooled (a reference, not a federated method): fedcond.pooled.
-        *(Method(name, spec.summary, None, None, "pooled", spec.conditioned) for name, spec in POOLED_METHODS.items()),
+        *(Method(name, spec.summary, None, "pooled", spec.conditioned) for name, spec in POOLED_METHODS.items()),
     )  # fmt: skip
     return {method.name: method for method in methods}
 
@@ -307,29 +292,6 @@ def get_method(name: str) -> Method:
     if name not in methods:
         raise FedcondError(f"unknown method '{name}'; choose one of {', '.join(methods)}")
     return methods[name]
-
-
-@dataclass(frozen=True)
-class SharedOptions:
-    """Settings that belong to no one method: every federated method has them (or the run itself
-    does), each declared next to the code that reads it; ``topic`` is their heading in
-    docs/settings.md (fedcond.tools.settings)."""
-
-    topic: str
-    owner: str
-    options: tuple[Option, ...]
-
-
-EVERY_METHOD = "every federated method"
-#: The shared settings a ClientApp reads (its sample-level privacy, its secure aggregation, what a
-#: newcomer does): a client types and checks these, its own class's and the core settings.
-CLIENT_SHARED = (
-    SharedOptions("privacy", EVERY_METHOD, privacy.OPTIONS),
-    SharedOptions("secure-aggregation", EVERY_METHOD, secagg_settings.OPTIONS),
-    SharedOptions("newcomers", EVERY_METHOD, (NEWCOMER_STEPS,)),
-    SharedOptions("evaluation", EVERY_METHOD, (PER_CLASS_ACCURACY,)),
-)
-CLIENT_SHARED_OPTIONS = tuple(option for group in CLIENT_SHARED for option in group.options)
 
 
 def shared_options() -> tuple[SharedOptions, ...]:
@@ -356,37 +318,6 @@ def run_config(mapping: Mapping[str, Any], explicit: Mapping[str, Any] | None = 
     """A run configuration from run-config keys, the methods' own options and a named variant's
     fixed settings included; ``explicit`` are the keys the user gave (the rest are defaults)."""
     return RunConfig.from_mapping(with_variant_settings(mapping, explicit), declared_options())
-
-
-def client_run_config(mapping: Mapping[str, Any]) -> RunConfig:
-    """The run configuration as a ClientApp reads it: the core settings and the options of its own
-    client class and of the shared privacy settings, typed and checked; other methods' and the
-    server's options kept as given (the ServerApp checked them all before any client was asked)."""
-    method = get_method(str(mapping.get("method", RunConfig.method)))
-    own = (*(method.client.options if method.client is not None else ()), *CLIENT_SHARED_OPTIONS)
-    return RunConfig.from_mapping(with_variant_settings(mapping), own, keep_unknown=True)
-
-
-def with_variant_settings(mapping: Mapping[str, Any], explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``mapping`` with the settings its method fixes, if it names a variant (``method=recommended``).
-
-    A setting the user gave (``explicit``) with another value is refused: the run would not be the
-    variant its name says. Where only the merged run config is known (Flower's, which holds every
-    key), a setting at its default takes the variant's value and any other value is refused.
-    """
-    method = registry().get(str(mapping.get("method", RunConfig.method)))
-    if method is None or not method.fixed_settings:
-        return dict(mapping)
-    defaults = RunConfig().to_mapping()
-    for key, value in method.fixed_settings:
-        given = mapping.get(key, value)
-        allowed = (value,) if explicit is not None and key in explicit else (value, defaults[key])
-        if given not in allowed:
-            raise FedcondError(
-                f"method={method.name} is {method.variant_of} with {key}={value}; drop {key}={given}, "
-                f"or use method={method.variant_of} to choose {key} yourself"
-            )
-    return {**mapping, **dict(method.fixed_settings)}
 
 
 #: What ``--methods`` (and a grid's ``method``) may name besides single methods.

@@ -48,6 +48,7 @@ def claims_file(path: Path, body: str) -> Path:
 
 
 MATCHES = """
+# A claims file with one claim, its runs in results/e1 beside it.
 [[claim]]
 experiment = "E1"
 claim = "Conditional matches Oracle"
@@ -143,3 +144,32 @@ def test_the_readme_block_is_replaced_between_its_markers_only(tmp_path):
     )
     with pytest.raises(FedcondError, match="needs one line"):
         with_readme_block("no markers\n", "x", tmp_path)
+
+
+def test_the_reproduction_heads_its_report_with_the_claims_and_rewrites_only_the_readmes_block(tmp_path, capsys):
+    from fedcond.tools.cli import main
+    from tests.test_paper import metrics_rows
+    from tests.test_paper import results_folder as paper_results_folder
+
+    # Conditional ends at 0.90 / 0.92 on seeds 0 / 1, FedAvg at 0.50 / 0.50.
+    folder = paper_results_folder(tmp_path / "results" / "e1", metrics_rows())
+    (tmp_path / "reproduction-notes.md").write_text("notes\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n")
+    out = tmp_path / "REPRODUCTION.md"
+    # No claims file beside the report: --readme has no verdicts to write, and nothing is written.
+    assert main(["reproduction", str(folder), "--out", str(out), "--readme", str(readme)]) == 2
+    assert "pass --claims FILE" in capsys.readouterr().err and not out.exists()
+    (tmp_path / "paper").mkdir()
+    claims_file(tmp_path / "paper", MATCHES.replace('"results/e1"', '"../results/e1"').replace('"oracle"', '"fedavg"'))
+    # A README without the markers is refused before the report is written.
+    assert main(["reproduction", str(folder), "--out", str(out), "--readme", str(readme)]) == 2
+    assert "needs one line" in capsys.readouterr().err and not out.exists()
+    readme.write_text(f"intro\n{README_BEGIN}\n{README_END}\nrest\n")
+    assert main(["reproduction", str(folder), "--out", str(out), "--readme", str(readme)]) == 0
+    report = out.read_text()
+    assert "## The paper's claims: our verdicts" in report
+    assert "| conditional 0.910 | fedavg 0.500 | +41.00 ± 12.71 | 2 | **holds** |" in report
+    text = readme.read_text()
+    assert text.startswith(f"intro\n{README_BEGIN}\n") and text.endswith(f"{README_END}\nrest\n")
+    assert "**In federated rounds**: holds: E1 (2)." in text

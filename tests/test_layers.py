@@ -85,9 +85,8 @@ def test_the_layers_point_one_way():
         if name.startswith(("clients", "strategies")):
             assert not any(target.startswith("fedcond.tools") for target in imported), (name, imported)
         if name.startswith("clients"):
-            # The ClientApp finds the method's client in the method table, and nothing else of the server's.
-            allowed = {"strategies.registry"} if name == "clients.app" else set()
-            assert not {t for t in imported if t.startswith("strategies")} - allowed, (name, imported)
+            # The ClientApp finds the method's client by its name: nothing of the server's.
+            assert not {t for t in imported if t.startswith("strategies")}, (name, imported)
     # The method table names its classes and imports them when asked: it imports no client or strategy
     # when it is imported (type hints and function bodies aside).
     tree = ast.parse(modules["strategies.registry"].read_text())
@@ -100,20 +99,23 @@ def test_the_layers_point_one_way():
 @pytest.mark.slow
 def test_a_clientapp_process_imports_no_server_or_report_libraries():
     """A deployed ClientApp is a new process per message (Flower 1.42): every import is paid twice a
-    round on every node. Building any method's client loads its own client class and no strategy:
+    round on every node. Building every method's client (each found by its name, a named variant's
+    settings applied) loads its own client class and no strategy:
     scikit-learn (IFCA's ARI), scipy's sparse SVD (computing a fingerprint, once per node), plotting,
     the tools and the server's strategies stay out of it."""
+    from strategies.registry import flower_method_names
+
     script = (
         "import sys\n"
         "import clients.app\n"
         "from flwr.common import Context, RecordDict\n"
-        "from fedcond.config import RunConfig\n"
-        "for method in ('conditional', 'ifca', 'ditto', 'dac'):\n"
+        f"for method in {flower_method_names()!r}:\n"
         "    context = Context(0, 0, {'partition-id': 0, 'num-partitions': 4}, RecordDict(), {})\n"
-        "    clients.app.build_client(context, RunConfig(method=method, num_clusters=2, clients_per_cluster=2))\n"
+        "    settings = {'method': method, 'num-clusters': 2, 'clients-per-cluster': 2}\n"
+        "    clients.app.build_client(context, clients.app.client_run_config(settings))\n"
         "heavy = ('sklearn', 'scipy.stats', 'scipy.sparse.linalg', 'matplotlib', 'fedcond.tools', 'ray')\n"
         "heavy += ('strategies.',)\n"
-        "print(sorted(m for m in sys.modules if m.startswith(heavy) and m != 'strategies.registry'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
     )
     from fedcond.datasets import load_dataset
 
@@ -122,9 +124,9 @@ def test_a_clientapp_process_imports_no_server_or_report_libraries():
     assert result.stdout.strip() == "[]"
 
 
-def test_strategies_import_nothing_of_clients_and_clients_only_the_method_table():
-    """The Flower adapters stay apart: what runs both (the in-process simulation) sits with the tools.
-    ``clients.app`` reads the method table to build its method's client: the one import across."""
+def test_clients_and_strategies_import_nothing_of_each_other():
+    """The Flower adapters stay apart: what runs both (the in-process simulation) sits with the tools;
+    the ClientApp finds its method's client by name (``fedcond.variants.client_path``)."""
     modules = project_modules()
     across = {
         (name, target)
@@ -132,4 +134,4 @@ def test_strategies_import_nothing_of_clients_and_clients_only_the_method_table(
         for target in imports_of(path, set(modules))
         if {name.split(".")[0], target.split(".")[0]} == {"clients", "strategies"}
     }
-    assert across == {("clients.app", "strategies.registry")}
+    assert across == set()

@@ -429,27 +429,36 @@ def reproduction(
     if out_path.is_file() and not out_path.read_text().startswith(GENERATED_MARKER):
         # Never overwrite prose: it belongs in the notes file, which the report links to.
         raise FedcondError(f"{out_path} was written by hand; move its prose into {notes_path}, then delete it")
-    claims = load_claims(Path(claims_file) if claims_file else out_path.parent / CLAIMS_FILE)
+    # The verdict table where a claims file answers the paper's claims (this repository's
+    # experiments/paper/claims.toml); a report of other folders has none unless --claims names one.
+    default_claims = out_path.parent / CLAIMS_FILE
+    claims_path = Path(claims_file) if claims_file else default_claims if default_claims.is_file() else None
+    claims = load_claims(claims_path) if claims_path is not None else None
     readme_path = Path(readme) if readme else None
     if readme_path is not None and not readme_path.is_file():
         raise FedcondError(f"no README {readme_path}; pass --readme with the README to update")
+    if readme_path is not None and claims is None:
+        raise FedcondError(
+            f"--readme writes the claims' verdicts, but there is no {default_claims}; pass --claims FILE"
+        )
     command = " ".join(
         ["fedcond reproduction", *map(display_path, map(Path, folders)), "--out", display_path(out_path)]
         + (["--notes", display_path(notes_path)] if notes else [])
         + (["--claims", display_path(Path(claims_file))] if claims_file else [])
         + (["--readme", display_path(readme_path)] if readme_path else [])
     )
-    verdicts = verdicts_markdown(claims, out_path.parent)
+    verdicts = verdicts_markdown(claims, out_path.parent) if claims is not None else []
     text = reproduction_markdown([Path(folder) for folder in folders], notes_path, command, out_path.parent, verdicts)
     readme_text = None
-    if readme_path is not None:  # computed before anything is written: a bad block writes nothing
+    if readme_path is not None and claims is not None:  # computed first: a bad block writes nothing
         block = readme_block(claims, readme_path.parent, out_path)
         readme_text = with_readme_block(readme_path.read_text(), block, readme_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(text)
     if readme_path is not None and readme_text is not None:
         readme_path.write_text(readme_text)
-    print(f"fedcond: {out_path} written from {len(folders)} results folder(s), {notes_path} and {claims.path}"
+    sources = f"{notes_path} and {claims.path}" if claims is not None else str(notes_path)
+    print(f"fedcond: {out_path} written from {len(folders)} results folder(s) and {sources}"
           + (f"; {readme_path}'s verdicts updated" if readme_path else ""))  # fmt: skip
     return 0
 
@@ -545,7 +554,9 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
         help="the hand-written discussion the report links to (default: reproduction-notes.md beside --out)",
     )
     reproduction_parser.add_argument(
-        "--claims", metavar="FILE", help="the claims and the runs that answer them (default: claims.toml beside --out)"
+        "--claims",
+        metavar="FILE",
+        help="the claims and the runs that answer them (default: paper/claims.toml beside --out)",
     )
     reproduction_parser.add_argument(
         "--readme", metavar="FILE", help="also rewrite this README's generated verdict lines and method-choice table"

@@ -38,3 +38,7 @@ class CflClient(FedcondClient):
         leaf, _ = walk(splits, update_at)
         set_weights(self.model, leaves[leaf])
         return self.model
+
+
+#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+Client = CflClient

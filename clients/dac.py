@@ -27,3 +27,7 @@ class DacClient(FedcondClient):
             losses.append(fit.loss)
         set_weights(self.model, lowest_loss_average(peers, losses, DAC_NEIGHBOURS.of(self.run_config)))
         return self.model
+
+
+#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+Client = DacClient

@@ -56,3 +56,7 @@ class IfcaClient(FedcondClient):
         chosen = candidates[self.choose(candidates, round_config)] if len(candidates) > 1 else candidates[0]
         set_weights(self.model, chosen)
         return self.evaluate_model(self.model, round_config)
+
+
+#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+Client = IfcaClient

@@ -40,3 +40,7 @@ class DittoClient(FedcondClient):
         if personal is None:  # never trained (a held-out client, or before round 1): the global model
             return super().evaluate_round(parameters, round_config)
         return self.evaluate_model(personal, round_config)
+
+
+#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+Client = DittoClient

@@ -20,3 +20,7 @@ class DescriptorClient(FedcondClient):
         if question.get(STEP) == STEP_DESCRIPTOR:
             return {DESCRIPTOR: array_to_bytes(client_fingerprint(self.run_config, self.data))}
         return super().answer_before_training(question)
+
+
+#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+Client = DescriptorClient

@@ -97,3 +97,7 @@ class ConditionalClient(FedcondClient):
         """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1
         (a training instruction that only SecAgg+'s mod delivers: clients/secagg_mod.py)."""
         return [statistics_encoding.encode(statistics_encoding.statistics_vector(self.raw_fingerprint()))], 1, {}
+
+
+#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+Client = ConditionalClient

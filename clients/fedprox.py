@@ -37,3 +37,7 @@ class FedProxClient(FedcondClient):
         received = self.fresh_model()
         set_weights(received, parameters)  # w^t, held fixed while the local model moves
         return ProximalTerm(anchor=received, strength=mu)
+
+
+#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+Client = FedProxClient

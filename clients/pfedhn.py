@@ -54,3 +54,7 @@ class PFedHNClient(FedcondClient):
         set_weights(self.model, zero_shot)
         loss, examples, metrics = self.evaluate_model(self.model, round_config)
         return loss, examples, {**metrics, ADAPTED_ACCURACY: adapted}
+
+
+#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+Client = PFedHNClient

@@ -33,3 +33,7 @@ class LocalClient(FedcondClient):
 
     def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
         return self.own_model()  # nobody else's: untrained until newcomer-steps train a copy
+
+
+#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+Client = LocalClient

@@ -1,0 +1,34 @@
+"""Settings that belong to no one method, grouped by topic: the ones every client reads
+(``CLIENT_SHARED``); the server's method table adds the server's own (strategies.registry).
+Each option is declared next to the code that reads it; this module only groups them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedcond import privacy, secagg_settings
+from fedcond.config import Option
+from fedcond.metrics import PER_CLASS_ACCURACY
+from fedcond.newcomers import NEWCOMER_STEPS
+
+
+@dataclass(frozen=True)
+class SharedOptions:
+    """Settings every federated method has (or the run itself has); ``topic`` is their heading in
+    docs/settings.md (fedcond.tools.settings)."""
+
+    topic: str
+    owner: str
+    options: tuple[Option, ...]
+
+
+EVERY_METHOD = "every federated method"
+#: The shared settings a ClientApp reads (its sample-level privacy, its secure aggregation, what a
+#: newcomer does): a client types and checks these, its own class's and the core settings.
+CLIENT_SHARED = (
+    SharedOptions("privacy", EVERY_METHOD, privacy.OPTIONS),
+    SharedOptions("secure-aggregation", EVERY_METHOD, secagg_settings.OPTIONS),
+    SharedOptions("newcomers", EVERY_METHOD, (NEWCOMER_STEPS,)),
+    SharedOptions("evaluation", EVERY_METHOD, (PER_CLASS_ACCURACY,)),
+)
+CLIENT_SHARED_OPTIONS = tuple(option for group in CLIENT_SHARED for option in group.options)
