@@ -47,6 +47,7 @@ from fedcond.parameter_tree import Split, header, pack, side_directions
 from fedcond.participation import EVALUATE
 from strategies.base import StrategyInputs, initial_weights
 from strategies.cluster_models import ClusterModels
+from strategies.declaration import Declaration, Facts
 
 CFL_EPS1 = Option(
     "cfl-eps1", 0.8, "CFL: a cluster may split once the norm of its mean update is below this (ε1)", minimum=0
@@ -199,3 +200,21 @@ class CflStrategy(ClusterModels):
                                    (arrays[-2], arrays[-1])))  # fmt: skip
         self.models = [[] for _ in range(1 + len(self.splits))]  # filled by ClusterModels.load_state
         super().load_state(models, values)
+
+
+#: This method's one declaration: the method table finds it by this module's name.
+METHOD = Declaration(
+    "clusters split recursively by the cosine similarity of the clients' updates (K not given)",
+    CflStrategy,
+    Facts(
+        "trains its cluster's model, as FedAvg's client (Sattler et al. 2020; not in the paper)",
+        "one cluster, split in two by the cosine similarity of the clients' updates when FedAvg there is stationary "
+        "but suits none (K not given)", "its cluster's model", "as FedAvg; a newcomer its parameter tree",
+        "the leaf of the parameter tree its own updates lead it to: at each split on its way it trains the split's "
+        "model and follows the side whose clients' updates its own agrees with ([baselines.md](baselines.md#cfl))",
+        "`CflStrategy.evaluate_parameters`, `CflClient`, `fedcond/parameter_tree.py`", "split tree",
+        "keeps the cluster it was split into (CFL splits, it never merges or moves a client)",
+        server_state=True,
+    ),
+    competitor=True,
+)  # fmt: skip

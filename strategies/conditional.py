@@ -18,6 +18,7 @@ from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, ST
 from fedcond.models import run_fingerprint_size
 from fedcond.participation import STATISTICS, RoundParticipation
 from strategies.base import EMPTY
+from strategies.declaration import Declaration, Facts
 from strategies.fedavg import FedcondFedAvg
 from strategies.membership import PartitionProxy
 
@@ -62,3 +63,20 @@ class ConditionalFedAvg(FedcondFedAvg):
             raise FedcondError(f"the secure sum gave {len(total)} statistics, expected {dim}; fingerprint-dim differs")
         mean, std = fp.mean_and_std(total, total_of_squares, count)
         self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
+
+
+#: This method's one declaration: the method table finds it by this module's name.
+METHOD = Declaration(
+    "one global CNN fed each client's fingerprint",
+    ConditionalFedAvg,
+    Facts(
+        "same, model fed its fingerprint", "FedAvg", "global model + own fingerprint",
+        "as FedAvg, plus a one-off SecAgg+ sum of fingerprint statistics",
+        "the global model, fed the newcomer's own fingerprint (normalised by the published statistics, which it "
+        "never entered); with `feature-norm=local-batch`, its batch-norm statistics recomputed first on its own "
+        "unlabelled training images (AdaBN)",
+        "`FedcondClient.newcomer_model`, with `ConditionalClient.condition`", "global with its fingerprint",
+        "recompute the fingerprint on the new data (`drift-fingerprint = \"recompute\"`, the default), or keep the "
+        "`stale` one; normalised by the statistics published before round 1",
+    ),
+)  # fmt: skip

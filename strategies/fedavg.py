@@ -6,6 +6,7 @@ from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_t
 
 from fedcond.aggregation import Model, weighted_average
 from strategies.base import FedcondStrategy, initial_weights
+from strategies.declaration import GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
 
 
 class FedcondFedAvg(FedcondStrategy):
@@ -43,3 +44,14 @@ class FedcondFedAvg(FedcondStrategy):
     def combine_sum(self, server_round: int, mean: Model) -> Parameters | None:
         # SecAgg+ weighted each model by its client's samples before summing: the mean is FedAvg's model.
         return ndarrays_to_parameters(mean)
+
+
+#: This method's one declaration: the method table finds it by this module's name.
+METHOD = Declaration(
+    "one global backbone CNN, FedAvg over all clients",
+    FedcondFedAvg,
+    Facts(
+        "trains the global model", "FedAvg (sample-weighted)", "global model", "model down and up, every client",
+        *GLOBAL_NEWCOMER, NOTHING_ON_DRIFT,
+    ),
+)  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from strategies.base import FedcondStrategy
+from strategies.declaration import Declaration, Facts
 
 
 class LocalStrategy(FedcondStrategy):
@@ -12,3 +13,16 @@ class LocalStrategy(FedcondStrategy):
 
     secure_aggregation_refusal = "no model leaves a client, so there is nothing to aggregate"
     serves_held_out_clients = True  # a newcomer has a model of its own: untrained (newcomer-steps train it)
+
+
+#: This method's one declaration: the method table finds it by this module's name.
+METHOD = Declaration(
+    "each client trains only its own model",
+    LocalStrategy,
+    Facts(
+        "trains its own model, kept in client state", "schedules rounds only", "own model", "nothing",
+        "a model of its own, never trained: chance zero-shot, only its k steps teach it",
+        "`LocalClient.newcomer_model`", "own untrained",
+        "keeps its personal model, trained on the old data, and goes on training it on the new",
+    ),
+)  # fmt: skip

@@ -55,6 +55,7 @@ from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.participation import EVALUATE
 from fedcond.privacy import DP_NOISE_MULTIPLIER
 from strategies.base import FedcondStrategy, StrategyInputs
+from strategies.declaration import Declaration, Facts
 from strategies.federation import message_timeout
 from strategies.membership import PartitionProxy
 from strategies.round_tracking import answered_replies, parameters_bytes
@@ -200,3 +201,22 @@ class PFedHNStrategy(FedcondStrategy):
         self.trainer.load_state(models["hypernetwork"], models["hypernetwork-momentum"])
         saved = {name: model for name, model in models.items() if name.startswith(CLIENT_BUFFERS)}
         self.trainer.net.client_buffers = {int(name.removeprefix(CLIENT_BUFFERS)): m for name, m in saved.items()}
+
+
+#: This method's one declaration: the method table finds it by this module's name.
+METHOD = Declaration(
+    "a server-side hypernetwork generates each client's model from its learned embedding",
+    PFedHNStrategy,
+    Facts(
+        "trains the model the server generated for it, as FedAvg's client (Shamsian et al. 2021; not in the paper)",
+        "a hypernetwork maps each client's learned embedding to its model, stepped with each client's update",
+        "its generated model", "as FedAvg; a newcomer 2k models more with `newcomer-steps=k`",
+        "zero-shot, the model the hypernetwork generates from the mean of the training clients' embeddings; with "
+        "`newcomer-steps = k`, the model of an embedding of its own learned in k exchanges with the hypernetwork "
+        "frozen (the paper's novel clients; [baselines.md](baselines.md#pfedhn)), scored as its adapted accuracy",
+        "`PFedHNStrategy.learn_newcomer_embeddings`, `PFedHNClient`", "mean embedding",
+        "keeps its embedding, which goes on learning from its updates on the new data",
+        server_state=True,
+    ),
+    competitor=True,
+)  # fmt: skip

@@ -1,11 +1,12 @@
-"""The method table: a method is a client behaviour paired with a strategy, found by name.
+"""The method table: every method by name, built from what each method declares about itself.
 
-A method's client is ``Client`` in ``clients/<method>.py`` (``fedcond.variants.client_path``: the
-ClientApp finds it the same way without this table); its entry here names its strategy class and
-declares its facts. The method's own settings (``options``) and whether it serves held-out clients
-are declared on its classes, next to the code that reads them. Entries import their classes when
-first asked for. Named variants come from ``fedcond.variants``. How settings fit together, before
-anything starts, is ``strategies.checks``.
+A federated method is two files found by its name, as FL-bench finds a method's: ``Client`` in
+``clients/<method>.py`` (``fedcond.variants.client_path``: the ClientApp finds it the same way,
+without this table) and ``METHOD = Declaration(...)`` in ``strategies/<method>.py`` (its summary,
+strategy class and ``Facts``, ``strategies.declaration``). The method's own settings (``options``)
+and whether it serves held-out clients are declared on its classes, next to the code that reads
+them. Named variants come from ``fedcond.variants``, the pooled references from ``fedcond.pooled``.
+How settings fit together, before anything starts, is ``strategies.checks``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import functools
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedcond.config import Option, RunConfig
@@ -23,6 +25,7 @@ from fedcond.live_curves import LIVE_CURVES
 from fedcond.pooled import POOLED_METHODS
 from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SharedOptions
 from fedcond.variants import VARIANTS, client_path, with_variant_settings
+from strategies.declaration import Declaration, Facts
 
 if TYPE_CHECKING:
     from strategies.base import FedcondStrategy
@@ -33,37 +36,6 @@ def load_class(path: str) -> type:
     """``module:Class``, imported now."""
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-#: The kinds of newcomer rule (``Facts.newcomer_rule``): what a client that never trained is served.
-#: ``tests/test_method_rules.py`` checks each kind on hand-made models.
-NEWCOMER_RULES = (
-    "global", "global with its fingerprint", "true cluster", "lowest-loss cluster", "own untrained",
-    "random peer", "lowest-loss peers", "nearest descriptor", "split tree", "mean embedding",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Facts:
-    """A federated method in words, declared once: the README's method table and the newcomer and
-    drift tables of docs/newcomers.md are generated from these (``fedcond settings --write``)."""
-
-    #: What each client does in a round; what the server does; the model a client is scored with;
-    #: what travels each round.
-    client: str
-    server: str
-    evaluated_with: str
-    communication: str
-    #: What a newcomer (a client that never trained) is served, where the code does it, and the
-    #: kind of rule (one of ``NEWCOMER_RULES``).
-    newcomer: str
-    newcomer_code: str
-    newcomer_rule: str
-    #: What the method does for a client whose data changed mid-run (``drift-fraction``).
-    drift: str
-    #: The server holds more than the global model between rounds (per-cluster or per-client models,
-    #: assignments, a hypernetwork): its strategy extends ``state``, which the checkpoint saves.
-    server_state: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,144 +114,43 @@ class Method:
         return self.strategy.serves_held_out_clients
 
 
-FEDAVG, CONDITIONAL = "strategies.fedavg:FedcondFedAvg", "strategies.conditional:ConditionalFedAvg"
-
-
-FEDAVG_COMMUNICATION = "as FedAvg"
-GLOBAL_NEWCOMER = ("the global model", "`FedcondClient.newcomer_model`", "global")
-NOTHING_ON_DRIFT = "nothing to do: the global model is every client's"
-KEEPS_MODEL_ON_DRIFT = "nothing to do: its client keeps its model and its peers"
-
-
-# Each federated method in words (``Facts``), named by its one entry in ``registry()`` below.
-FACTS_FEDAVG = Facts(
-        "trains the global model", "FedAvg (sample-weighted)", "global model", "model down and up, every client",
-        *GLOBAL_NEWCOMER, NOTHING_ON_DRIFT,
-    )  # fmt: skip
-FACTS_CONDITIONAL = Facts(
-        "same, model fed its fingerprint", "FedAvg", "global model + own fingerprint",
-        "as FedAvg, plus a one-off SecAgg+ sum of fingerprint statistics",
-        "the global model, fed the newcomer's own fingerprint (normalised by the published statistics, which it "
-        "never entered); with `feature-norm=local-batch`, its batch-norm statistics recomputed first on its own "
-        "unlabelled training images (AdaBN)",
-        "`FedcondClient.newcomer_model`, with `ConditionalClient.condition`", "global with its fingerprint",
-        "recompute the fingerprint on the new data (`drift-fingerprint = \"recompute\"`, the default), or keep the "
-        "`stale` one; normalised by the statistics published before round 1",
-    )  # fmt: skip
-FACTS_LOCAL = Facts(
-        "trains its own model, kept in client state", "schedules rounds only", "own model", "nothing",
-        "a model of its own, never trained: chance zero-shot, only its k steps teach it",
-        "`LocalClient.newcomer_model`", "own untrained",
-        "keeps its personal model, trained on the old data, and goes on training it on the new",
-    )  # fmt: skip
-FACTS_ORACLE = Facts(
-        "trains its cluster's model", "FedAvg within each **true** cluster (a reference, not a competitor)",
-        "its cluster's model", FEDAVG_COMMUNICATION,
-        "its true cluster's model (the reference: no real method knows the cluster)",
-        "`OracleStrategy.evaluate_parameters`", "true cluster",
-        "is told: from round D it serves, and averages into, the model of the cluster whose data the client now holds",
-        server_state=True,
-    )  # fmt: skip
-FACTS_IFCA = Facts(
-        "evaluates all K models on its training data, trains the lowest-loss one",
-        "each model = average of the clients that chose it", "the model it chose", "K models down, 1 up",
-        "all K cluster models; it takes the one with the lowest loss on its training data (IFCA's cluster identity "
-        "step)", "`IfcaClient.newcomer_model`", "lowest-loss cluster",
-        "re-selects: every round it takes the cluster model with the lowest loss on the data it now holds",
-        server_state=True,
-    )  # fmt: skip
-FACTS_DITTO = Facts(
-        "trains the global model (returned) and a personal model with loss + (lambda/2)·‖w \u2212 w_global‖²", "FedAvg",
-        "personal model", FEDAVG_COMMUNICATION,
-        "the global model (a newcomer has no personal model; `newcomer-steps` stands for its personal fine-tuning)",
-        "`FedcondClient.newcomer_model`", "global",
-        "keeps its personal model, trained on the old data, and goes on training it on the new",
-    )  # fmt: skip
-FACTS_GOSSIP = Facts(
-        "trains its own model", "simulates the network: a random matching each round, each pair averages",
-        "own model", "2 models per pair, peer to peer",
-        "one training client's model, drawn anew each round by a generator seeded with (seed, round, partition): its "
-        "one random peer", "`GossipStrategy.newcomer_parameters`", "random peer", KEEPS_MODEL_ON_DRIFT,
-        server_state=True,
-    )  # fmt: skip
-FACTS_DAC = Facts(
-        "trains its own model", "simulates the network: each client averages with its top-k peers by cosine "
-        "similarity", "own model", "k models received per client",
-        "every training client's model; it averages (uniformly) the `dac-neighbours` with the lowest loss on its own "
-        "training data. A newcomer has no model of its own to compare by cosine similarity, so this is the similarity "
-        "of Listo Zec et al.'s original DAC (a peer model's training loss on the client's data), with the paper's "
-        "top-k", "`DacStrategy.newcomer_parameters`, `DacClient.newcomer_model`", "lowest-loss peers",
-        KEEPS_MODEL_ON_DRIFT,
-        server_state=True,
-    )  # fmt: skip
-FACTS_FEDPROX = Facts(
-        "trains the global model with loss + (mu/2)·‖w \u2212 w_global‖² (Li et al. 2020; not in the paper)", "FedAvg",
-        "global model", FEDAVG_COMMUNICATION, *GLOBAL_NEWCOMER, NOTHING_ON_DRIFT,
-    )  # fmt: skip
-FACTS_DESCRIPTOR_CLUSTERING = Facts(
-        "sends its fingerprint once, before round 1; trains its cluster's model (FLUX-style; not in the paper)",
-        "DBSCAN on the descriptors finds the clusters (K not given), FedAvg within each", "its cluster's model",
-        "as FedAvg, plus one descriptor per client",
-        "the model of the cluster whose centroid is nearest the descriptor it sends before round 1 (label-free with "
-        "`fingerprint = \"eigen-x\"`; [baselines.md](baselines.md))", "`DescriptorClusteringStrategy.place`",
-        "nearest descriptor",
-        "keeps the cluster its descriptor placed it in before round 1 (descriptors are sent once)",
-        server_state=True,
-    )  # fmt: skip
-FACTS_CFL = Facts(
-        "trains its cluster's model, as FedAvg's client (Sattler et al. 2020; not in the paper)",
-        "one cluster, split in two by the cosine similarity of the clients' updates when FedAvg there is stationary "
-        "but suits none (K not given)", "its cluster's model", "as FedAvg; a newcomer its parameter tree",
-        "the leaf of the parameter tree its own updates lead it to: at each split on its way it trains the split's "
-        "model and follows the side whose clients' updates its own agrees with ([baselines.md](baselines.md#cfl))",
-        "`CflStrategy.evaluate_parameters`, `CflClient`, `fedcond/parameter_tree.py`", "split tree",
-        "keeps the cluster it was split into (CFL splits, it never merges or moves a client)",
-        server_state=True,
-    )  # fmt: skip
-FACTS_PFEDHN = Facts(
-        "trains the model the server generated for it, as FedAvg's client (Shamsian et al. 2021; not in the paper)",
-        "a hypernetwork maps each client's learned embedding to its model, stepped with each client's update",
-        "its generated model", "as FedAvg; a newcomer 2k models more with `newcomer-steps=k`",
-        "zero-shot, the model the hypernetwork generates from the mean of the training clients' embeddings; with "
-        "`newcomer-steps = k`, the model of an embedding of its own learned in k exchanges with the hypernetwork "
-        "frozen (the paper's novel clients; [baselines.md](baselines.md#pfedhn)), scored as its adapted accuracy",
-        "`PFedHNStrategy.learn_newcomer_embeddings`, `PFedHNClient`", "mean embedding",
-        "keeps its embedding, which goes on learning from its updates on the new data",
-        server_state=True,
-    )  # fmt: skip
+@functools.cache
+def declared_methods() -> dict[str, Declaration]:
+    """Every federated method's declaration, by name: ``METHOD`` in each ``strategies/<method>.py``
+    that has one (the method's name is the module's, with ``-`` for ``_``), in the modules' order."""
+    found = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if "\nMETHOD = Declaration(" in path.read_text():
+            found[path.stem.replace("_", "-")] = importlib.import_module(f"strategies.{path.stem}").METHOD
+    return found
 
 
 @functools.cache
 def registry() -> dict[str, Method]:
-    """Every method by name, in the order reports list them."""
+    """Every method by name, in the order reports list them: the paper's methods, then each named
+    variant after its base method, the competitors, and the pooled references."""
+    declared = declared_methods()
+    for name, variant in VARIANTS.items():
+        if variant.base not in declared:
+            raise FedcondError(f"variant {name} is of {variant.base}, which no strategies/*.py declares")
+
+    def entries(name: str, declaration: Declaration) -> list[Method]:
+        strategy = f"{declaration.strategy.__module__}:{declaration.strategy.__qualname__}"
+        own = Method(
+            name, declaration.summary, strategy, competitor=declaration.competitor, own_facts=declaration.facts
+        )
+        variants = [
+            Method(variant_name, variant.summary, strategy, variant_of=name, fixed_settings=variant.settings)
+            for variant_name, variant in VARIANTS.items()
+            if variant.base == name
+        ]
+        return [own, *variants]
+
     methods = (
-        Method("fedavg", "one global backbone CNN, FedAvg over all clients", FEDAVG, own_facts=FACTS_FEDAVG),
-        Method("conditional", "one global CNN fed each client's fingerprint", CONDITIONAL,
-               own_facts=FACTS_CONDITIONAL),
-        # Not the paper's method: its named variants (docs/instability.md), never swapped in silently.
-        *(Method(name, variant.summary, CONDITIONAL, variant_of=variant.base, fixed_settings=variant.settings)
-          for name, variant in VARIANTS.items()),
-        Method("local", "each client trains only its own model", "strategies.local:LocalStrategy",
-               own_facts=FACTS_LOCAL),
-        Method("oracle", "FedAvg within each true cluster (reference)", "strategies.cluster_models:OracleStrategy",
-               own_facts=FACTS_ORACLE),
-        Method("ifca", "K models, each client trains its lowest-loss one", "strategies.cluster_models:IfcaStrategy",
-               own_facts=FACTS_IFCA),
-        Method("ditto", "personal models pulled towards FedAvg's", FEDAVG, own_facts=FACTS_DITTO),
-        Method("gossip", "random pairwise averaging of per-client models", "strategies.peer:GossipStrategy",
-               own_facts=FACTS_GOSSIP),
-        Method("dac", "averaging with the top-k cosine-similar peers", "strategies.peer:DacStrategy",
-               own_facts=FACTS_DAC),
-        # Beyond the paper: the competitors a reviewer asks about (docs/baselines.md).
-        Method("fedprox", "FedAvg with each client's training pulled towards the global model", FEDAVG,
-               competitor=True, own_facts=FACTS_FEDPROX),
-        Method("descriptor-clustering", "one model per cluster DBSCAN finds in the clients' descriptors (K not given)",
-               "strategies.cluster_models:DescriptorClusteringStrategy", competitor=True,
-               own_facts=FACTS_DESCRIPTOR_CLUSTERING),
-        Method("cfl", "clusters split recursively by the cosine similarity of the clients' updates (K not given)",
-               "strategies.cfl:CflStrategy", competitor=True, own_facts=FACTS_CFL),
-        Method("pfedhn", "a server-side hypernetwork generates each client's model from its learned embedding",
-               "strategies.pfedhn:PFedHNStrategy", competitor=True, own_facts=FACTS_PFEDHN),
+        *(entry for name, declaration in declared.items() if not declaration.competitor
+          for entry in entries(name, declaration)),
+        *(entry for name, declaration in declared.items() if declaration.competitor
+          for entry in entries(name, declaration)),
         # The paper's own protocol, centrally pooled (a reference, not a federated method): fedcond.pooled.
         *(Method(name, spec.summary, None, "pooled", spec.conditioned) for name, spec in POOLED_METHODS.items()),
     )  # fmt: skip

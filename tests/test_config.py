@@ -110,7 +110,7 @@ def test_method_options_refuse_non_finite_numbers():
 
 
 def test_unknown_method_dataset_and_scenario():
-    with pytest.raises(FedcondError, match="unknown method 'scaffold'; choose one of fedavg, conditional"):
+    with pytest.raises(FedcondError, match=r"unknown method 'scaffold'; choose one of .*fedavg"):
         get_method("scaffold")
     with pytest.raises(FedcondError, match="unknown dataset 'cifar7'"):
         validate_without_data(RunConfig(dataset="cifar7"))
@@ -138,7 +138,8 @@ def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless(monke
     monkeypatch.setattr(LocalStrategy, "serves_held_out_clients", False)
     with pytest.raises(FedcondError, match="held-out-clients has no meaning for local") as error:
         check_run(config.replace(method="local"))
-    assert "--methods fedavg,conditional" in str(error.value) and ",local" not in str(error.value)
+    suggested = str(error.value).split("--methods ")[1].rstrip(")").split(",")
+    assert {"fedavg", "conditional"} <= set(suggested) and "local" not in suggested
     check_run(RunConfig(method="local"))  # no held-out clients: nothing to refuse
 
 

@@ -18,7 +18,8 @@ from fedcond.messages import CHOICE, SERVER_ROUND, TRAIN_LOSS
 from fedcond.models import get_weights
 from fedcond.scenarios import scenario_for
 from strategies.base import StrategyInputs
-from strategies.registry import NEWCOMER_RULES, get_method, held_out_methods
+from strategies.declaration import NEWCOMER_RULES
+from strategies.registry import get_method, held_out_methods
 
 SMALL = {"num_clusters": 2, "clients_per_cluster": 2, "local_epochs": 1}
 

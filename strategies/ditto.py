@@ -1,0 +1,18 @@
+"""Ditto (Li et al. 2021): the server is FedAvg's; each client also keeps a personal model pulled
+towards the global one."""
+
+from strategies.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
+from strategies.fedavg import FedcondFedAvg
+
+#: This method's one declaration: the method table finds it by this module's name.
+METHOD = Declaration(
+    "personal models pulled towards FedAvg's",
+    FedcondFedAvg,
+    Facts(
+        "trains the global model (returned) and a personal model with loss + (lambda/2)·‖w \u2212 w_global‖²", "FedAvg",
+        "personal model", FEDAVG_COMMUNICATION,
+        "the global model (a newcomer has no personal model; `newcomer-steps` stands for its personal fine-tuning)",
+        "`FedcondClient.newcomer_model`", "global",
+        "keeps its personal model, trained on the old data, and goes on training it on the new",
+    ),
+)  # fmt: skip
