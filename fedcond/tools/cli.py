@@ -458,7 +458,7 @@ def reproduction(
     if readme_path is not None and readme_text is not None:
         readme_path.write_text(readme_text)
     sources = f"{notes_path} and {claims.path}" if claims is not None else str(notes_path)
-    print(f"fedcond: {out_path} written from {len(folders)} results folder(s) and {sources}"
+    print(f"fedcond: {out_path} written from {len(folders)} results folder(s), {sources}"
           + (f"; {readme_path}'s verdicts updated" if readme_path else ""))  # fmt: skip
     return 0
 
