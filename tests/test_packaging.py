@@ -58,7 +58,7 @@ def test_a_built_wheel_holds_and_imports_every_module(tmp_path):
     result = run("-c", check)
     assert result.returncode == 0, result.stderr[-2000:]
     listed = run("-m", "fedcond.tools.cli", "list")
-    assert listed.returncode == 0 and "methods:   fedavg" in listed.stdout, listed.stderr[-2000:]
+    assert listed.returncode == 0 and "fedavg (one global" in listed.stdout, listed.stderr[-2000:]
     # A run needs no pyproject.toml: its defaults come from the settings' declarations.
     small = ("num-server-rounds=1", "num-clusters=2", "clients-per-cluster=2")
     compared = run("-m", "fedcond.tools.cli", "compare", "--dataset", "digits", "--methods", "fedavg",
