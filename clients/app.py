@@ -33,7 +33,7 @@ from fedcond.client_data import ClientData, cached_client_data, load_partition_f
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.model_store import CLIENT_STATE_DIR
-from fedcond.pooled import POOLED_METHODS
+from fedcond.pooled import POOLED_METHODS, not_a_federation
 from fedcond.shared_options import CLIENT_SHARED_OPTIONS
 from fedcond.variants import client_path, with_variant_settings
 
@@ -42,10 +42,7 @@ def client_class(method: str) -> type[FedcondClient]:
     """The method's client class, found by its name (``Client`` in ``clients/<method>.py``, a named
     variant's base method's): its own module alone, nothing of the server's strategies."""
     if method in POOLED_METHODS:
-        raise FedcondError(
-            f"{method} is the paper's centrally pooled protocol, not a federation; run it with "
-            "fedcond run, compare or sweep (they train it in-process), not with flwr run"
-        )
+        raise not_a_federation(method)
     module, _, name = client_path(method).partition(":")
     try:
         return getattr(importlib.import_module(module), name)

@@ -16,11 +16,11 @@ import argparse
 import csv
 import math
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fedcond.tools.claims import Side, final_by_seed
 from fedcond.tools.experiment import column_name, load_experiment
 from fedcond.tools.report import confidence_half_width, paired_verdict
 
@@ -30,18 +30,13 @@ def final_values(folder: Path, column: str) -> dict[tuple[str, str], dict[str, f
     with (folder / "metrics.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     point_axes = [column_name(axis) for axis in load_experiment(folder).point_axes]
-    last: dict[tuple[str, str, str], tuple[int, float]] = {}
-    for row in rows:
-        value = float(row[column]) if row.get(column) not in (None, "") else math.nan
-        if math.isnan(value):
-            continue
-        point = ",".join(row[axis] for axis in point_axes)
-        key = (point, row["method"], row["seed"])
-        if key not in last or int(row["round"]) > last[key][0]:
-            last[key] = (int(row["round"]), value)
-    finals: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-    for (point, method, seed), (_, value) in last.items():
-        finals[(point, method)][seed] = value
+    points = {tuple(row[axis] for axis in point_axes) for row in rows}
+    finals = {}
+    for point in points:
+        for method in {row["method"] for row in rows}:
+            values = final_by_seed(rows, Side(method, dict(zip(point_axes, point, strict=True))), column)
+            if values:
+                finals[(",".join(point), method)] = values
     return finals
 
 

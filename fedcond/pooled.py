@@ -77,6 +77,15 @@ POOLED_METHODS = {
     "pooled-global": PooledSpec("all", False, "the paper's protocol: one CNN on all clients' pooled data"),
 }
 
+
+def not_a_federation(method: str) -> FedcondError:
+    """The one-line refusal of a pooled method where only a federation can run (``flwr run``, a ClientApp)."""
+    return FedcondError(
+        f"{method} is the paper's centrally pooled protocol, not a federation; run it with "
+        "fedcond run, compare or sweep (they train it in-process), not with flwr run"
+    )
+
+
 #: What the pooled references serve a newcomer (docs/newcomers.md's table reads it).
 NEWCOMER_RULE = (
     "the pooled references' own rule: conditioned models take the newcomer's fingerprint, `pooled-oracle` its "

@@ -22,7 +22,7 @@ from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import CHECKPOINT_EVERY, RESUME
 from fedcond.live_curves import LIVE_CURVES
-from fedcond.pooled import POOLED_METHODS
+from fedcond.pooled import POOLED_METHODS, not_a_federation
 from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SharedOptions
 from fedcond.variants import VARIANTS, client_path, with_variant_settings
 from strategies.declaration import Declaration, Facts
@@ -42,13 +42,13 @@ def load_class(path: str) -> type:
 class Method:
     """A named pairing: how each client behaves and which strategy the server runs.
 
-    ``strategy_path`` is ``module:Class`` (None for the pooled references, which train centrally,
-    in-process, without Flower); ``client`` and ``strategy`` import the classes.
+    ``strategy`` is None for the pooled references, which train centrally, in-process, without
+    Flower; ``client`` imports the method's client class when asked.
     """
 
     name: str
     summary: str
-    strategy_path: str | None
+    strategy: type[FedcondStrategy] | None
     #: "federated" (Flower rounds) or "pooled" (the paper's centralised protocol, ``fedcond.pooled``).
     protocol: str = "federated"
     #: A pooled reference's model takes the fingerprint (a federated method's client class says so).
@@ -77,10 +77,6 @@ class Method:
         return load_class(self.client_path) if self.client_path else None
 
     @property
-    def strategy(self) -> type[FedcondStrategy] | None:
-        return load_class(self.strategy_path) if self.strategy_path else None
-
-    @property
     def conditioned(self) -> bool:
         """Whether the model is fed the client's fingerprint: one source, the client class that feeds
         it (``ConditionalClient``), or the pooled reference's entry."""
@@ -102,8 +98,6 @@ class Method:
     def needs_true_clusters(self) -> bool:
         """Whether the method is told the true clusters (Oracle, pooled-oracle): a reference, not a method."""
         if self.strategy is None:
-            from fedcond.pooled import POOLED_METHODS
-
             return POOLED_METHODS[self.variant_of or self.name].scope == "cluster"
         return self.strategy.uses_true_clusters
 
@@ -135,7 +129,7 @@ def registry() -> dict[str, Method]:
             raise FedcondError(f"variant {name} is of {variant.base}, which no strategies/*.py declares")
 
     def entries(name: str, declaration: Declaration) -> list[Method]:
-        strategy = f"{declaration.strategy.__module__}:{declaration.strategy.__qualname__}"
+        strategy = declaration.strategy
         own = Method(
             name, declaration.summary, strategy, competitor=declaration.competitor, own_facts=declaration.facts
         )
@@ -235,9 +229,6 @@ def global_model_methods() -> list[str]:
 
 def federated(method: Method) -> tuple[type[Any], type[FedcondStrategy]]:
     """The method's client and strategy classes; Flower runs only federated methods."""
-    if method.client_path is None or method.strategy_path is None:
-        raise FedcondError(
-            f"{method.name} is the paper's centrally pooled protocol, not a federation; run it with "
-            "fedcond run, compare or sweep (they train it in-process), not with flwr run"
-        )
+    if method.client_path is None or method.strategy is None:
+        raise not_a_federation(method.name)
     return method.client, method.strategy

@@ -10,6 +10,7 @@ README's verdict lines and method-choice table are rendered from the runs' ``met
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import os
 import tomllib
@@ -81,6 +82,12 @@ class Claims:
     path: Path
     claims: tuple[Claim, ...]
     choices: tuple[Choice, ...] = field(default=())
+
+    @functools.cached_property
+    def measured(self) -> tuple[tuple[Claim, tuple[Measured, ...]], ...]:
+        """Every claim with each of its answers measured, once: the verdict table and the README's
+        lines both read them."""
+        return tuple((claim, tuple(measure(claim, answer) for answer in claim.answers)) for claim in self.claims)
 
 
 def _strings(mapping: Any, where: str) -> dict[str, str]:
@@ -160,14 +167,14 @@ def _rows(folder: Path) -> list[dict[str, str]]:
 
 
 def final_by_seed(rows: Sequence[Mapping[str, str]], side: Side, column: str = "accuracy") -> dict[str, float]:
-    """Seed -> the last recorded round's finite ``column`` of ``side``'s runs."""
+    """Seed -> ``column`` in the last round of ``side``'s runs that recorded it (NaN: not recorded)."""
     last: dict[str, tuple[int, float]] = {}
     for row in rows:
         if row.get("method") != side.method or any(row.get(key) != value for key, value in side.where.items()):
             continue
         text = row.get(column, "")
         value = float(text) if text not in ("", None) else math.nan
-        if not math.isfinite(value):
+        if math.isnan(value):
             continue
         seed, round_ = row["seed"], int(row["round"])
         if seed not in last or round_ > last[seed][0]:
@@ -255,12 +262,12 @@ def claims_table(claims: Claims, base: Path) -> list[str]:
         "| seeds | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for claim in claims.claims:
+    for claim, answers in claims.measured:
         section = _link(claims.path.parent / claim.section.split("#")[0], base)
         anchor = "#" + claim.section.split("#", 1)[1] if "#" in claim.section else ""
         title = f"[{claim.experiment}]({section}{anchor}): {claim.text}"
-        for index, answer in enumerate(claim.answers):
-            measured = measure(claim, answer)
+        for index, measured in enumerate(answers):
+            answer = measured.answer
             folder = _link(answer.folder, base)
             lines.append(
                 "| " + " | ".join([
@@ -348,9 +355,11 @@ def ranked_methods(choice: Choice) -> tuple[list[Ranked], Ranked | None]:
     for name, finals in found.items():
         entry = Ranked(name, float(np.mean(list(finals.values()))), len(finals), finals)
         method = methods[name]
-        if method.needs_true_clusters and method.protocol == "federated":
+        if method.protocol != "federated":
+            continue
+        if method.needs_true_clusters:
             reference = entry
-        elif not method.needs_true_clusters and method.protocol == "federated":
+        else:
             ranked.append(entry)
     ranked.sort(key=lambda entry: -entry.mean)
     return ranked, reference
@@ -394,11 +403,10 @@ def choice_table(claims: Claims, base: Path) -> list[str]:
 def readme_block(claims: Claims, base: Path, report: Path) -> str:
     """The README's generated lines: the verdicts by protocol, then the method-choice table."""
     by_protocol: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for claim in claims.claims:
-        for answer in claim.answers:
-            measured = measure(claim, answer)
+    for claim, answers in claims.measured:
+        for measured in answers:
             outcome = measured.verdict.split(" at ")[0]
-            by_protocol[answer.protocol][outcome].append(f"{claim.experiment} ({len(measured.differences)})")
+            by_protocol[measured.answer.protocol][outcome].append(f"{claim.experiment} ({len(measured.differences)})")
     link = _link(report, base)
     lines = [README_BEGIN, ""]
     for protocol in PROTOCOLS:
