@@ -258,6 +258,13 @@ def get_weights(model: nn.Module) -> list[np.ndarray]:
     return [tensor.detach().cpu().numpy().copy() for tensor in model.state_dict().values()]
 
 
+def trained_arrays(model: nn.Module) -> list[bool]:
+    """Per array of ``get_weights``: whether it is a trained weight (not a buffer such as batch
+    norm's running statistics or step count)."""
+    trained = {name for name, _ in model.named_parameters()}
+    return [name in trained for name in model.state_dict()]
+
+
 def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
     """Load arrays produced by ``get_weights`` of an identically built model."""
     state = model.state_dict()

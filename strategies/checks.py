@@ -18,7 +18,15 @@ from fedcond.models import has_batch_norm
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.scenarios import scenario_for, scenario_kind, validate_without_data
 from strategies import client_dp
-from strategies.registry import Method, get_method, global_model_methods, held_out_methods
+from strategies.registry import (
+    Method,
+    declared_options,
+    get_method,
+    global_model_methods,
+    held_out_methods,
+    registry,
+    shared_options,
+)
 from strategies.sampling import check_sampling
 
 
@@ -39,6 +47,7 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"own there); set held-out-clients=0 or use one of {', '.join(supported)} "
             f"(compare: --methods {','.join(supported)})"
         )
+    check_options_apply(config, method)
     check_newcomers(config, method)
     check_model_settings(config, method)
     check_clusters_exist(config, method)
@@ -60,6 +69,27 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
         scenario_for(config)
     check_secure_aggregation(config, method)  # after the data: too many clients for the data says so first
     return method
+
+
+def check_options_apply(config: RunConfig, method: Method) -> None:
+    """A method's own setting changed for a method that does not read it would be ignored silently:
+    refused in one line, naming the methods it belongs to."""
+    own = {option.key for option in method.options} | {
+        option.key for group in shared_options() for option in group.options
+    }
+    for option in declared_options():
+        value = option.of(config)
+        if option.key in own or value == option.default:
+            continue
+        owners = [
+            name
+            for name, other in registry().items()
+            if not other.variant_of and option.key in {o.key for o in other.options}
+        ]
+        raise FedcondError(
+            f"{option.key}={value} is a setting of {', '.join(owners)}, and {method.name} does not read it; "
+            f"leave it at its default ({option.default}) or choose one of those methods"
+        )
 
 
 def check_model_settings(config: RunConfig, method: Method) -> None:

@@ -42,6 +42,7 @@ from fedcond.models import build_run_model
 from fedcond.participation import FIT
 from fedcond.privacy import DP_DELTA, check_delta, gaussian_rounds_epsilon
 from fedcond.secagg_settings import SecureAggregation
+from fedcond.server_optimiser import is_plain_fedavg
 from strategies.base import FedcondStrategy
 from strategies.fedavg import FedcondFedAvg
 from strategies.round_tracking import Failures, answered_replies
@@ -87,6 +88,11 @@ def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None, e
         raise FedcondError(
             f"client-dp needs a server that averages one global model ({', '.join(eligible)}); "
             f"{config.method} does not: set client-dp=off"
+        )
+    if not is_plain_fedavg(config):
+        raise FedcondError(
+            "client-dp adds its noise after the server's step, so server-momentum would carry each round's "
+            "un-noised average into later rounds; set server-momentum=0 and server-learning-rate=1, or client-dp=off"
         )
     model = build_run_model(config, dataset_spec(config.dataset).num_classes, conditioned=True)
     if any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules()):

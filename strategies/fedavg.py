@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fedcond.aggregation import Model, weighted_average
-from strategies.base import FedcondStrategy, initial_weights
+from fedcond.checkpoint import GLOBAL_MODEL
+from fedcond.config import RunConfig
+from fedcond.models import build_run_model, get_weights, trained_arrays
+from fedcond.server_optimiser import OPTIONS, ServerMomentum, check_server_optimiser
+from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.declaration import GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
 
 
@@ -22,28 +28,67 @@ class FedcondFedAvg(FedcondStrategy):
     With ``secure-aggregation = "secaggplus"`` the server never sees a client's model: SecAgg+ gives
     it the sample-weighted mean of the models of the clients that finished the protocol, which is the
     new global model as it is (up to SecAgg+'s quantisation).
+
+    With ``server-momentum`` (FedAvgM, ``fedcond.server_optimiser``) the average is not the new model
+    but the end of the round's update, on which the server takes its own heavy-ball step; the
+    velocity is part of the checkpoint.
     """
 
     serves_held_out_clients = True
     #: Its server needs only the sample-weighted mean of the returned models: SecAgg+ gives exactly that.
     secure_aggregation_refusal = None
+    options = OPTIONS
+    #: The checkpoint's name for FedAvgM's velocity.
+    VELOCITY = "server-velocity"
+
+    def __init__(self, inputs: StrategyInputs) -> None:
+        super().__init__(inputs)
+        model = build_run_model(inputs.config, inputs.num_classes, inputs.conditioned)
+        self.initial = get_weights(model)
+        self.server_momentum = ServerMomentum.of(inputs.config, trained_arrays(model))
+        #: The global model the round's clients received (what FedAvgM steps from).
+        self.current: Model = self.initial
+
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        check_server_optimiser(config)
 
     def initial_global(self) -> Parameters:
-        return ndarrays_to_parameters(initial_weights(self.inputs))
+        return ndarrays_to_parameters(self.initial)
+
+    def stepped(self, average: Model) -> Parameters:
+        """The new global model from the round's average: the average itself, or FedAvgM's step."""
+        if self.server_momentum is not None:
+            average = self.server_momentum.step(self.current, average)
+        self.current = average
+        return ndarrays_to_parameters(average)
+
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        models, values = super().state()
+        if self.server_momentum is not None:
+            models[self.VELOCITY] = self.server_momentum.state()
+        return models, values
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        super().load_state(models, values)
+        if GLOBAL_MODEL in models:
+            self.current = list(models[GLOBAL_MODEL])
+        if self.server_momentum is not None:
+            self.server_momentum.load_state(models.get(self.VELOCITY, []))
 
     #: Its server needs the sample-weighted mean alone: each reply is folded into it as it arrives.
     combines_the_mean = True
 
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         if self.fit_stream is not None:  # the replies' models were folded in as they came (same numbers)
-            return ndarrays_to_parameters(self.fit_stream.result({p: res.num_examples for p, res in results}))
+            return self.stepped(self.fit_stream.result({p: res.num_examples for p, res in results}))
         # Decoded one at a time as the average consumes them (peak memory: one model, not one per client).
         models = (parameters_to_ndarrays(res.parameters) for _, res in results)
-        return ndarrays_to_parameters(weighted_average(models, [res.num_examples for _, res in results]))
+        return self.stepped(weighted_average(models, [res.num_examples for _, res in results]))
 
     def combine_sum(self, server_round: int, mean: Model) -> Parameters | None:
-        # SecAgg+ weighted each model by its client's samples before summing: the mean is FedAvg's model.
-        return ndarrays_to_parameters(mean)
+        # SecAgg+ weighted each model by its client's samples before summing: the mean is FedAvg's average.
+        return self.stepped(mean)
 
 
 #: This method's one declaration: the method table finds it by this module's name.

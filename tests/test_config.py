@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from fedcond.conditioning import MECHANISMS
@@ -16,26 +18,11 @@ def test_pyproject_defaults_are_a_valid_config():
 
 
 def test_methods_declare_their_options_and_pyproject_lists_them():
-    # Flower accepts only run-config keys the app declares: every method option must be there too.
+    # Flower accepts only run-config keys the app declares: the run config (pyproject's block, generated
+    # from it) holds every RunConfig field and every declared option, and no key is both.
     keys = {option.key for option in declared_options()}
-    # resume and checkpoint-every are the run's own settings; node-timeout, min-answered-fraction,
-    # round-timeout and evaluate-in-fit the round protocol's.
-    assert keys == {
-        "ditto-lambda", "ditto-personal-epochs", "dac-neighbours", "min-answered-fraction", "round-timeout", "resume",
-        "checkpoint-every", "node-timeout", "evaluate-in-fit", "clients-per-round", "evaluate-every",
-        "dp-noise-multiplier", "dp-max-grad-norm", "dp-delta", "fingerprint-epsilon",
-        "client-dp", "client-dp-noise-multiplier", "client-dp-clipping-norm",
-        "secure-aggregation", "secagg-num-shares", "secagg-reconstruction-threshold", "secagg-clipping-range",
-        "secagg-quantization-range", "secagg-min-clients",
-        "client-state-dir", "client-models-memory-mb",  # per-client models outside memory (fedcond.model_store)
-        "fedprox-mu", "descriptor-eps", "descriptor-min-samples",  # the competitors (docs/baselines.md)
-        "cfl-eps1", "cfl-eps2", "cfl-warmup-rounds", "cfl-min-cluster-size",
-        "pfedhn-embedding-dim", "pfedhn-hidden", "pfedhn-lr", "pfedhn-newcomer-lr", "pfedhn-step",
-        "newcomer-steps",  # held-out clients' adaptation (fedcond.newcomers)
-        "per-class-accuracy",  # the final round's score per class (fedcond.metrics, Table IX)
-        "ifca-models",  # IFCA's K where it is not the true number of clusters (partitions without clusters)
-        "live-curves",  # TensorBoard event files as rounds end (fedcond.live_curves)
-    }  # fmt: skip
+    fields = {field.name.replace("_", "-") for field in dataclasses.fields(RunConfig) if field.name != "options"}
+    assert set(default_config()) == keys | fields and not keys & fields
     assert keys <= set(default_config())
     config = run_config({"method": "ditto", "ditto-lambda": 2})
     assert dict(config.options)["ditto-lambda"] == 2.0 and config.to_mapping()["dac-neighbours"] == 3

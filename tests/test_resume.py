@@ -94,6 +94,8 @@ def kill_after_round(
 RESUMED_METHODS = {
     # The global model and the secure sum's published fingerprint statistics.
     "conditional": {},
+    # FedAvgM's velocity: without it the resumed run's step would start from zero.
+    "fedavg-server-momentum": {"method": "fedavg", "server-momentum": 0.9},
     # A model per client held on the server, saved by partition id and handed back to the resumed
     # run's new node ids: three clients, each averaging with one peer, so that every model differs.
     "dac": {"num-clusters": 3, "dac-neighbours": 1},
