@@ -78,5 +78,6 @@ METHOD = Declaration(
         "`FedcondClient.newcomer_model`, with `ConditionalClient.condition`", "global with its fingerprint",
         "recompute the fingerprint on the new data (`drift-fingerprint = \"recompute\"`, the default), or keep the "
         "`stale` one; normalised by the statistics published before round 1",
+        server_state=True,
     ),
 )  # fmt: skip

@@ -14,5 +14,6 @@ METHOD = Declaration(
         "the global model (a newcomer has no personal model; `newcomer-steps` stands for its personal fine-tuning)",
         "`FedcondClient.newcomer_model`", "global",
         "keeps its personal model, trained on the old data, and goes on training it on the new",
+        server_state=True,
     ),
 )  # fmt: skip

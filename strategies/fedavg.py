@@ -97,6 +97,6 @@ METHOD = Declaration(
     FedcondFedAvg,
     Facts(
         "trains the global model", "FedAvg (sample-weighted)", "global model", "model down and up, every client",
-        *GLOBAL_NEWCOMER, NOTHING_ON_DRIFT,
+        *GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, server_state=True,
     ),
 )  # fmt: skip

@@ -9,7 +9,7 @@ METHOD = Declaration(
     FedcondFedAvg,
     Facts(
         "trains the global model with loss + (mu/2)·‖w \u2212 w_global‖² (Li et al. 2020; not in the paper)", "FedAvg",
-        "global model", FEDAVG_COMMUNICATION, *GLOBAL_NEWCOMER, NOTHING_ON_DRIFT,
+        "global model", FEDAVG_COMMUNICATION, *GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, server_state=True,
     ),
     competitor=True,
 )  # fmt: skip
