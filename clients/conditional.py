@@ -16,16 +16,13 @@ import numpy as np
 from flwr.common import ArrayRecord
 
 from clients.fedcond_client import FedcondClient, Fitted
-from fedcond import feature_norm, statistics_encoding
 from fedcond import fingerprint as fp
+from fedcond import statistics_encoding
 from fedcond.client_data import client_fingerprint
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, STEP, STEP_STATISTICS, array_from_bytes
-from fedcond.models import Network, set_weights
 from fedcond.privacy import private_fingerprint
 
 FINGERPRINT_KEY = "fingerprint"
-#: With feature-norm=local-batch: this client's own batch-norm layers (``fedcond.feature_norm``).
-LOCAL_NORM_KEY = "local-batch-norm"
 #: A drifted client's fingerprint of its new data (drift-fingerprint = "recompute"), computed once.
 DRIFTED_FINGERPRINT_KEY = "fingerprint-after-drift"
 
@@ -63,30 +60,6 @@ class ConditionalClient(FedcondClient):
             mean = array_from_bytes(round_config.get(FINGERPRINT_MEAN), FINGERPRINT_MEAN)
             std = array_from_bytes(round_config.get(FINGERPRINT_STD), FINGERPRINT_STD)
         return fp.normalise(self.raw_fingerprint(), self.run_config.normalisation, mean, std)
-
-    # -- feature-norm=local-batch: the batch-norm layers stay this client's (FedBN; AdaBN for a newcomer) ----
-    @property
-    def keeps_local_norm(self) -> bool:
-        return self.run_config.feature_norm == "local-batch"
-
-    def receive(self, model: Network, parameters: list[np.ndarray]) -> None:
-        set_weights(model, parameters)
-        if self.keeps_local_norm and LOCAL_NORM_KEY in self.state.array_records:
-            feature_norm.load_local_state(model, self.state.array_records[LOCAL_NORM_KEY].to_numpy_ndarrays())
-
-    def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
-        fitted = super().train_round(parameters, round_config)
-        if self.keeps_local_norm:
-            self.state.array_records[LOCAL_NORM_KEY] = ArrayRecord(numpy_ndarrays=feature_norm.local_state(self.model))
-        return fitted
-
-    def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
-        """The global model fed the newcomer's fingerprint; with local batch norm, its statistics
-        recomputed on the newcomer's own training images first (AdaBN: no labels used)."""
-        model = super().newcomer_model(parameters, round_config)
-        if self.keeps_local_norm:
-            feature_norm.recompute_statistics(model, self.data.train_x, self.train_settings.channels_last)
-        return model
 
     def fit_instruction(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         if round_config.get(STEP) == STEP_STATISTICS:

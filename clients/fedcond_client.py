@@ -1,9 +1,7 @@
 """The fedcond client: trains the shared CNN on local data.
 
-``FedcondClient`` is the behaviour of fedavg, oracle, gossip and dac (train what you receive, return
-it); ``conditional``, ``local``, ``ditto`` and ``ifca`` subclass it in their own modules and override
-only what differs (``conditional_client.py`` adds the fingerprint: the model's extra input and the
-client's part of the fingerprint statistics).
+``FedcondClient`` is FedAvg's client (train what you receive, return it); every method's client in
+``clients/<method>.py`` is this class or a subclass that overrides only what differs.
 
 Names: ``run_config`` is the run's ``RunConfig``; ``round_config`` is the dict Flower delivers with
 each instruction (the round number, the federation's fingerprint statistics, ...).
@@ -21,6 +19,7 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context
 
+from fedcond import feature_norm
 from fedcond.client_data import ClientData, cached_client_data, reuse_enabled
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
@@ -53,6 +52,8 @@ from fedcond.training import DpSgd, EvalResult, ProximalTerm, TrainSettings, eva
 
 #: Every DP mechanism this client ran on its training data (fedcond.privacy.PrivacyLedger), in its state.
 PRIVACY_LEDGER_KEY = "privacy-ledger"
+#: A client that keeps its own batch-norm layers (``keeps_local_norm``): them, in its state.
+LOCAL_NORM_KEY = "local-batch-norm"
 
 Fitted = tuple[list[np.ndarray], int, dict[str, object]]
 Evaluated = tuple[float, int, dict[str, object]]
@@ -293,14 +294,25 @@ class FedcondClient(NumPyClient):
         training instruction brings other parameters than its evaluate message (IFCA)."""
         return self.evaluate_round(parameters, round_config)
 
+    # -- batch-norm layers kept by each client (FedBN; a newcomer recomputes their statistics: AdaBN) -----
+    @property
+    def keeps_local_norm(self) -> bool:
+        """Whether this client keeps its own batch-norm layers (``fedcond.feature_norm``): with
+        ``feature-norm=local-batch`` here; always for FedBN's client."""
+        return self.run_config.feature_norm == "local-batch"
+
     def receive(self, model: Network, parameters: list[np.ndarray]) -> None:
-        """Load the model a message brings into ``model`` (a conditioned client with
-        ``feature-norm=local-batch`` keeps its own batch-norm layers: ``ConditionalClient``)."""
+        """Load the model a message brings into ``model``; a client that keeps its own batch-norm
+        layers puts them back in place of the received ones (from its second round on)."""
         set_weights(model, parameters)
+        if self.keeps_local_norm and LOCAL_NORM_KEY in self.state.array_records:
+            feature_norm.load_local_state(model, self.state.array_records[LOCAL_NORM_KEY].to_numpy_ndarrays())
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         self.receive(self.model, parameters)
         loss = self.train_locally(self.model, round_config, proximal=self.proximal_term(parameters))
+        if self.keeps_local_norm:
+            self.state.array_records[LOCAL_NORM_KEY] = ArrayRecord(numpy_ndarrays=feature_norm.local_state(self.model))
         return get_weights(self.model), len(self.data.train_y), {TRAIN_LOSS: loss}
 
     def proximal_term(self, parameters: list[np.ndarray]) -> ProximalTerm | None:
@@ -320,8 +332,12 @@ class FedcondClient(NumPyClient):
     def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
         """The model this method serves a newcomer, from what the server sends it: that model as it is
         (FedAvg's and Ditto's global model, Oracle's cluster model, Gossip's peer model; Conditional feeds
-        it the newcomer's fingerprint). A method with another rule overrides this (fedcond.newcomers)."""
+        it the newcomer's fingerprint). A method with another rule overrides this (fedcond.newcomers).
+        A client that would keep its own batch-norm layers has none yet: their statistics are recomputed
+        on its own unlabelled training images (AdaBN)."""
         set_weights(self.model, parameters)
+        if self.keeps_local_norm:
+            feature_norm.recompute_statistics(self.model, self.data.train_x, self.train_settings.channels_last)
         return self.model
 
     def evaluate_newcomer(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:

@@ -10,7 +10,8 @@ import torch
 from flwr.common import Code, EvaluateIns, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from clients.app import node_data
-from clients.conditional import LOCAL_NORM_KEY, ConditionalClient
+from clients.conditional import ConditionalClient
+from clients.fedcond_client import LOCAL_NORM_KEY
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.feature_norm import local_state, local_state_names, recompute_statistics
