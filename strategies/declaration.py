@@ -5,8 +5,9 @@ the modules' names, as FL-bench finds a method's files; nothing else lists metho
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from strategies.base import FedcondStrategy
@@ -61,3 +62,7 @@ class Declaration:
     strategy: type[FedcondStrategy]
     facts: Facts
     competitor: bool = False
+    #: The run-config settings under which the tests that run every method run this one, on top of
+    #: their small digits federation: only what the method cannot run without (FedBN: a network with
+    #: batch norm). ``tests/conftest.py: method_test_settings`` writes the data such a dataset needs.
+    test_settings: Mapping[str, Any] = field(default_factory=dict)

@@ -56,6 +56,8 @@ class Method:
     #: A named variant: the method it runs (``variant_of``) and the settings it fixes on top of it.
     variant_of: str = ""
     fixed_settings: tuple[tuple[str, Any], ...] = ()
+    #: What the tests that run every method add to their settings for this one (``Declaration``).
+    test_settings: tuple[tuple[str, Any], ...] = ()
     #: Not in the paper's comparison: a method of the field a reviewer asks about (docs/baselines.md).
     #: ``--methods competitors`` names these; ``all`` stays the paper's eight.
     competitor: bool = False
@@ -130,11 +132,20 @@ def registry() -> dict[str, Method]:
 
     def entries(name: str, declaration: Declaration) -> list[Method]:
         strategy = declaration.strategy
+        tested_with = tuple(declaration.test_settings.items())
         own = Method(
-            name, declaration.summary, strategy, competitor=declaration.competitor, own_facts=declaration.facts
-        )
+            name, declaration.summary, strategy, competitor=declaration.competitor, own_facts=declaration.facts,
+            test_settings=tested_with,
+        )  # fmt: skip
         variants = [
-            Method(variant_name, variant.summary, strategy, variant_of=name, fixed_settings=variant.settings)
+            Method(
+                variant_name,
+                variant.summary,
+                strategy,
+                variant_of=name,
+                fixed_settings=variant.settings,
+                test_settings=tested_with,
+            )
             for variant_name, variant in VARIANTS.items()
             if variant.base == name
         ]

@@ -14,7 +14,10 @@ from fedcond.models import build_model
 from fedcond.scenarios import build_scenario
 
 
-def write_cifar10_folder(root, per_class=(6, 3)):
+def write_cifar10_folder(root, per_class=(6, 3), bands=False):
+    """CIFAR-10's folder layout with made-up images: each class one grey level (``bands``: a bright
+    horizontal band at the class's own height on a noisy image, which a CNN with batch norm learns in
+    a few steps), small noise on every pixel."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -23,9 +26,13 @@ def write_cifar10_folder(root, per_class=(6, 3)):
             folder = root / split / name
             folder.mkdir(parents=True)
             for i in range(count):
-                pixels = np.full((32, 32, 3), 20 * label, dtype=np.uint8) + rng.integers(
-                    0, 5, (32, 32, 3), dtype=np.uint8
-                )
+                if bands:
+                    pixels = rng.integers(0, 60, (32, 32, 3), dtype=np.uint8)
+                    pixels[3 * label : 3 * label + 3] = 255
+                else:
+                    pixels = np.full((32, 32, 3), 20 * label, dtype=np.uint8) + rng.integers(
+                        0, 5, (32, 32, 3), dtype=np.uint8
+                    )
                 Image.fromarray(pixels).save(folder / f"{i:04d}.png")
     return root
 

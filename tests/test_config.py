@@ -9,6 +9,7 @@ from fedcond.scenarios import validate_without_data
 from fedcond.tools.flwr_commands import default_config, parse_assignments
 from strategies.checks import check_run
 from strategies.registry import declared_options, get_method, run_config
+from tests.method_settings import method_test_settings
 
 
 def test_pyproject_defaults_are_a_valid_config():
@@ -113,14 +114,15 @@ def test_cli_assignments_parse_toml_literals():
         parse_assignments(["fedavg"])
 
 
-def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless(monkeypatch):
+def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless(monkeypatch, tmp_path):
     from strategies.local import LocalStrategy
     from strategies.registry import flower_method_names
 
     config = RunConfig(num_clusters=2, clients_per_cluster=3, held_out_clients=1)
     assert (config.num_clients, config.num_training_clients) == (8, 6)
     for method in flower_method_names():  # every method has a rule for a newcomer (fedcond.newcomers)
-        check_run(config.replace(method=method))
+        declared = run_config({**method_test_settings(method, tmp_path), "method": method})
+        check_run(config.replace(method=method, dataset=declared.dataset, data_dir=declared.data_dir))
     # A method without one (a future method's strategy that says so) is refused in one line.
     monkeypatch.setattr(LocalStrategy, "serves_held_out_clients", False)
     with pytest.raises(FedcondError, match="held-out-clients has no meaning for local") as error:

@@ -11,6 +11,7 @@ import pytest
 from fedcond.config import RunConfig
 from fedcond.tools.in_process import run_in_process
 from strategies.registry import flower_method_names, get_method, run_config
+from tests.method_settings import method_test_settings
 
 # Every federated method of the registry and every named variant: a new method is compared too.
 METHODS = flower_method_names()
@@ -22,9 +23,11 @@ PROTOCOL_COLUMNS = {"seconds", "elapsed_seconds", "bytes_down"}
 def config_for(method: str, folder: Path, evaluate_in_fit: bool, **settings: object) -> RunConfig:
     mapping: dict[str, object] = {
         "method": method, "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": ROUNDS,
-        "local-epochs": 1, "ditto-personal-epochs": 1, "results-dir": str(folder), "verbose": False,
-        "evaluate-in-fit": evaluate_in_fit, **settings,
+        "local-epochs": 1, "results-dir": str(folder), "verbose": False,
+        "evaluate-in-fit": evaluate_in_fit, **method_test_settings(method, folder.parent), **settings,
     }  # fmt: skip
+    if "ditto-personal-epochs" in {option.key for option in get_method(method).options}:
+        mapping["ditto-personal-epochs"] = 1  # a method's own setting, only where it is read (check_run)
     if get_method(method).conditioned:
         mapping["normalisation"] = "none"  # the federated statistics need SecAgg+'s grid, which in_process lacks
     return run_config(mapping)

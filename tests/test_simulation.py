@@ -14,6 +14,7 @@ from fedcond.scenarios import SCENARIOS
 from fedcond.tools.simulation import simulate
 from strategies.registry import flower_method_names, get_method, registry, run_config
 from tests.faults import FIT, HANG, RAISE, REPORT, Fault
+from tests.method_settings import method_test_settings
 
 
 def read_history(results: Path) -> tuple[list[dict[str, str]], dict]:
@@ -37,10 +38,11 @@ SLOW_LEARNERS = {"pfedhn": 0.2}
 def test_every_method_learns_through_flower_and_writes_a_finite_complete_history(tmp_path, method):
     """Digits E1 K=2 x 2 clients, 3 rounds of digits' default 5 local epochs: every method ends well
     above chance (0.1; each cluster's 5 classes: 0.2), measured 0.76 (Ditto) to 0.97 (recommended)."""
-    config = RunConfig(
-        method=method, num_clusters=2, clients_per_cluster=2, num_server_rounds=3,
-        results_dir=str(tmp_path / "results"), verbose=False,
-    )  # fmt: skip
+    declared = method_test_settings(method, tmp_path)
+    config = run_config({
+        "method": method, "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 3,
+        "results-dir": str(tmp_path / "results"), "verbose": False, **declared,
+    })  # fmt: skip
     simulate(config)
     rows, info = read_history(tmp_path / "results")
     assert [int(row["round"]) for row in rows] == [1, 2, 3]
@@ -60,7 +62,7 @@ def test_every_method_learns_through_flower_and_writes_a_finite_complete_history
     if method == "ifca":  # all K=2 models go down each training round (round 1: its only message)
         fedavg_down = 4 * info["model_parameters"] * 4  # 4 clients x one model x float32
         assert int(rows[0]["bytes_down"]) > 1.4 * fedavg_down
-    assert info["config"]["method"] == method and info["config"]["local-epochs"] == 5
+    assert info["config"]["method"] == method and info["config"]["local-epochs"] == declared.get("local-epochs", 5)
     assert info["versions"]["flwr"] == "1.42.0"
     # Only conditioned methods run the secure sum for federated normalisation.
     assert (info["secure_sum_bytes"] > 0) == get_method(method).conditioned
@@ -185,7 +187,7 @@ def test_a_client_failing_in_round_2_leaves_that_round_to_the_others(tmp_path, m
     config = run_config({
         "method": method, "num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 4, "local-epochs": 1,
         "min-answered-fraction": 0.75, "round-timeout": ROUND_TIMEOUT, "results-dir": str(tmp_path / "r"),
-        "verbose": False,
+        "verbose": False, **method_test_settings(method, tmp_path),
     })  # fmt: skip
     simulate(config, client_mods=[fault], quiet=True)
     assert_survived_one_failure(tmp_path / "r", method, fault, outcome, reason)
