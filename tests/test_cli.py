@@ -56,6 +56,30 @@ def test_compare_plans_newcomers_for_every_method(tmp_path, capsys):
         assert f"method-{method}" in listed, method
 
 
+def test_a_selection_leaves_out_a_method_that_cannot_run_the_settings_and_says_why(tmp_path, capsys, monkeypatch):
+    """``--methods competitors`` names every competitor; one whose checks refuse the run (FedBN without
+    batch norm) is left out with its reason and off the method axis. Named, it is refused."""
+    from fedcond.errors import FedcondError
+    from strategies.registry import method_names, registry
+
+    classes = [method.strategy for method in registry().values()]
+    refusing = next(name for name in method_names("competitors") if classes.count(registry()[name].strategy) == 1)
+
+    def refuse(cls, config):
+        raise FedcondError("cannot run these settings")
+
+    monkeypatch.setattr(registry()[refusing].strategy, "check", classmethod(refuse))
+    out = tmp_path / "cmp"
+    assert main(["compare", "--methods", "fedavg,competitors", "--out", str(out), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert f"left out: {refusing} (from --methods competitors) cannot run here: cannot run these settings" in printed
+    planned = {line.split("method-")[1].split("_")[0] for line in printed.splitlines() if line.startswith("todo")}
+    left_out = {line.split()[2] for line in printed.splitlines() if line.startswith("left out:")}
+    assert refusing in left_out and planned == {"fedavg", *method_names("competitors")} - left_out
+    assert main(["compare", "--methods", f"fedavg,{refusing}", "--out", str(tmp_path / "named"), "--dry-run"]) == 2
+    assert "cannot run these settings" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].joinpath("experiments").glob("*.toml")))
 def test_every_experiment_file_is_a_valid_configuration(path):
     from fedcond.tools.flwr_commands import default_config, read_override_file

@@ -73,5 +73,5 @@ def test_a_fedbn_newcomer_recomputes_the_statistics_on_its_own_images(tmp_path):
     "settings", [{"dataset": "digits"}, {"feature-norm": "group"}], ids=["no batch norm", "group norm"]
 )
 def test_fedbn_without_batch_norm_is_refused_in_one_line(tmp_path, settings):
-    with pytest.raises(FedcondError, match="fedbn keeps each client's batch-norm layers.*or fedavg"):
+    with pytest.raises(FedcondError, match=r"fedbn keeps each client's batch-norm layers.*or fedavg"):
         check_run(config_of("fedbn", tmp_path, **settings))

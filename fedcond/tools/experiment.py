@@ -121,6 +121,9 @@ class Experiment:
     tables: list[TableSpec] = field(default_factory=list)
     title: str = ""
     kind: str = "sweep"
+    #: Methods a selection (``competitors``) named that cannot run these settings, with the reason
+    #: (``plan`` fills it and takes them off the method axis; never a method asked for by name).
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -167,6 +170,18 @@ def column_name(axis: str) -> str:
     return axis.replace("-", "_")
 
 
+class Selected(str):
+    """A method name that came from a selection (``--methods competitors``), not from the user by name:
+    ``plan`` may leave it out where its checks refuse the run's settings, saying why."""
+
+    selection: str
+
+    def __new__(cls, name: str, selection: str) -> Selected:
+        named = super().__new__(cls, name)
+        named.selection = selection
+        return named
+
+
 def expand_methods(values: Sequence[Any] | str) -> list[Any]:
     """Method names, in the given order; ``all`` stands for every federated method of the paper's
     comparison, ``variants`` for our named variants (``recommended``) and ``pooled`` for the three
@@ -186,7 +201,7 @@ def expand_methods(values: Sequence[Any] | str) -> list[Any]:
             get_method(str(entry["method"]))
             expanded.append(dict(entry))
         elif str(entry) in METHOD_SELECTIONS:
-            expanded += [name for name in method_names(str(entry)) if name not in expanded]
+            expanded += [Selected(name, str(entry)) for name in method_names(str(entry)) if name not in expanded]
         else:
             get_method(str(entry))  # unknown names stop here with the list of known ones
             if str(entry) not in expanded:
@@ -315,6 +330,7 @@ def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> lis
 
     planned = []
     axes = list(experiment.axes.items())
+    refused: dict[str, str] = {}
     for combination in itertools.product(*(values for _, values in axes)):
         given = dict(experiment.settings)
         labels = {}
@@ -324,8 +340,24 @@ def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> lis
         name = _folder_name(labels)
         values = {**base, **given, "results-dir": str(runs_dir), "run-name": name, "verbose": False}
         config = run_config(values, given)
-        check_run(config)
+        method = dict(zip((axis for axis, _ in axes), combination, strict=True)).get("method")
+        try:
+            check_run(config)
+        except FedcondError as refusal:
+            if not isinstance(method, Selected):
+                raise
+            refused[method] = f"{method} (from --methods {method.selection}) cannot run here: {refusal}"
+            continue
         planned.append(PlannedRun(name, config, labels))
+    # A selected method refused at every point leaves the axis (and experiment.json); one refused at
+    # some points only stops the plan, as a method asked for by name would.
+    planned_methods = {run.config.method for run in planned}
+    partly = [method for method in refused if method in planned_methods]
+    if partly:
+        raise FedcondError(refused[partly[0]])
+    if refused:
+        experiment.left_out.update(refused)
+        experiment.axes["method"] = [value for value in experiment.axes["method"] if value not in refused]
     names = [run.name for run in planned]
     if len(set(names)) != len(names):
         raise FedcondError("two grid points get the same folder name; give bundles distinct 'label' values")
@@ -508,7 +540,7 @@ def describe_plan(experiment: Experiment, base: Mapping[str, Any], out: Path) ->
 
     runs_dir = (out / "runs").resolve()
     planned = plan(experiment, base, runs_dir)
-    lines = []
+    lines = [f"left out: {reason}" for reason in experiment.left_out.values()]
     for run in planned:
         done = run_status(runs_dir / run.name) == "finished"
         sample = clients_per_round(run.config)
@@ -530,6 +562,8 @@ def run_experiment(
     a module-level function: the in-process runner), started in grid order; a line as each ends."""
     runs_dir = (out / "runs").resolve()
     planned = plan(experiment, base, runs_dir)  # every run is checked before anything is written
+    for reason in experiment.left_out.values():
+        print(f"fedcond: left out {reason}", file=stream, flush=True)
     out.mkdir(parents=True, exist_ok=True)
     # Held from before the first unfinished run folder is deleted until the last run ends.
     with experiment_lock(out):
