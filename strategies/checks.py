@@ -30,13 +30,16 @@ from strategies.registry import (
 from strategies.sampling import check_sampling
 
 
-def check_run(config: RunConfig, load_data: bool = False) -> Method:
+def check_run(config: RunConfig, load_data: bool = False, compared_options: frozenset[str] = frozenset()) -> Method:
     """Every check a run has before anything starts; returns its method.
 
     ``RunConfig`` has already checked each value on its own; this checks how they fit together
     (dataset, scenario, encoder, method, held-out clients) and, with ``resume``, that the run it
     names can go on with these settings (``fedcond.checkpoint.check_resume``). With ``load_data`` it also reads and
     splits the data, so missing files or clients with too few samples stop the run here too.
+
+    ``shared_options``: method settings a comparison gives every run, for the methods among it that
+    read them (``ifca-models`` in a compare of IFCA beside FedAvg); another method's run ignores them.
     """
     validate_without_data(config)
     method = get_method(config.method)
@@ -47,7 +50,7 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
             f"own there); set held-out-clients=0 or use one of {', '.join(supported)} "
             f"(compare: --methods {','.join(supported)})"
         )
-    check_options_apply(config, method)
+    check_options_apply(config, method, compared_options)
     check_newcomers(config, method)
     check_model_settings(config, method)
     check_clusters_exist(config, method)
@@ -71,12 +74,14 @@ def check_run(config: RunConfig, load_data: bool = False) -> Method:
     return method
 
 
-def check_options_apply(config: RunConfig, method: Method) -> None:
+def check_options_apply(config: RunConfig, method: Method, shared: frozenset[str] = frozenset()) -> None:
     """A method's own setting changed for a method that does not read it would be ignored silently:
-    refused in one line, naming the methods it belongs to."""
-    own = {option.key for option in method.options} | {
-        option.key for group in shared_options() for option in group.options
-    }
+    refused in one line, naming the methods it belongs to (unless a comparison shares it: ``shared``)."""
+    own = (
+        {option.key for option in method.options}
+        | shared
+        | {option.key for group in shared_options() for option in group.options}
+    )
     for option in declared_options():
         value = option.of(config)
         if option.key in own or value == option.default:

@@ -56,6 +56,14 @@ def test_compare_plans_newcomers_for_every_method(tmp_path, capsys):
         assert f"method-{method}" in listed, method
 
 
+def test_a_methods_own_setting_in_a_compare_is_for_the_methods_that_read_it(tmp_path, capsys):
+    """``ifca-models=3`` beside IFCA is IFCA's; where no method of the compare reads it, it is refused."""
+    assert main(["compare", "--methods", "fedavg,ifca", "--out", str(tmp_path / "a"), "--dry-run", "ifca-models=3"]) == 0
+    assert main(["compare", "--methods", "fedavg,local", "--out", str(tmp_path / "b"), "--dry-run",
+                 "ifca-models=3"]) == 2  # fmt: skip
+    assert "ifca-models=3 is a setting of ifca, and fedavg does not read it" in capsys.readouterr().err
+
+
 def test_a_selection_leaves_out_a_method_that_cannot_run_the_settings_and_says_why(tmp_path, capsys, monkeypatch):
     """``--methods competitors`` names every competitor; one whose checks refuse the run (FedBN without
     batch norm) is left out with its reason and off the method axis. Named, it is refused."""

@@ -326,11 +326,16 @@ def _folder_name(labels: Mapping[str, str]) -> str:
 def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> list[PlannedRun]:
     """Every combination of axis values as a checked run (no data is loaded here)."""
     from strategies.checks import check_run
-    from strategies.registry import run_config
+    from strategies.registry import get_method, run_config
 
     planned = []
     axes = list(experiment.axes.items())
     refused: dict[str, str] = {}
+    # A method's own setting given to the whole comparison is for the methods on its axis that read it.
+    on_axis = [
+        str(value["method"] if isinstance(value, Mapping) else value) for value in experiment.axes.get("method", [])
+    ]
+    compared = frozenset(option.key for name in on_axis for option in get_method(name).options)
     for combination in itertools.product(*(values for _, values in axes)):
         given = dict(experiment.settings)
         labels = {}
@@ -342,7 +347,7 @@ def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> lis
         config = run_config(values, given)
         method = dict(zip((axis for axis, _ in axes), combination, strict=True)).get("method")
         try:
-            check_run(config)
+            check_run(config, compared_options=compared)
         except FedcondError as refusal:
             if not isinstance(method, Selected):
                 raise
