@@ -1,0 +1,177 @@
+"""Numbers in hand-written prose, checked against the committed runs they come from.
+
+A paragraph or table that quotes runs ends with a comment naming its results folder and, one per
+line, each number it quotes and where it comes from::
+
+    <!-- cites experiments/results/e4b-conditioning where configuration=C=2
+    oracle seed 0: 0.848
+    oracle seed 0 round 15: 0.8355
+    scaled-hyper mean: 0.839
+    hyper-unit-zero - oracle: -0.98 ± 0.91
+    -->
+
+A line is ``METHOD seed S [round R] [COLUMN]: VALUE`` (that run's COLUMN, accuracy unless named, in
+round R, its last recorded one unless named), ``METHOD mean [COLUMN]: VALUE`` (the mean over seeds of
+the last recorded values) or ``METHOD - REFERENCE [COLUMN]: D ± H`` (the paired mean difference in
+points over the seeds both ran, and its 95% t half-width). METHOD is the method column of the folder's
+metrics.csv (a grid label). ``where`` picks rows by other columns.
+
+``check`` compares each quoted number with the runs at the precision it is printed with, and
+fails where a number is not in the text it follows, where the runs give another, and where the
+text holds a number with three or more decimals that no line cites: such a block's numbers are all
+checked or none is.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedcond.errors import FedcondError
+from fedcond.tools.claims import Side, _rows, final_by_seed
+from fedcond.tools.report import confidence_half_width
+
+OPENING = "<!-- cites "
+#: Numbers a block must cite once it cites any: three or more decimals (accuracies, losses).
+PRECISE = re.compile(r"(?<![\w.])\d+\.\d{3,}(?![\w.])")
+_RUN = re.compile(r"^(?P<method>\S+) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
+_MEAN = re.compile(r"^(?P<method>\S+) mean(?: (?P<column>[a-z_]+))?$")
+_PAIRED = re.compile(r"^(?P<method>\S+) - (?P<reference>\S+)(?: (?P<column>[a-z_]+))?$")
+
+
+@dataclass(frozen=True)
+class Citation:
+    """One quoted number: the file and line of its comment, what it says it is, and the text quoted."""
+
+    path: Path
+    line: int
+    source: str
+    quoted: str
+
+
+@dataclass(frozen=True)
+class Block:
+    """The text a cites comment follows (from the last blank line before it), its folder and rows filter."""
+
+    path: Path
+    #: The text's first line (1-based): the citations of one text share it.
+    line: int
+    text: str
+    folder: Path
+    where: dict[str, str]
+    citations: tuple[Citation, ...]
+
+
+def blocks(path: Path, root: Path) -> Iterator[Block]:
+    """Every cites comment of ``path`` with the text it follows; folders are relative to ``root``."""
+    lines = path.read_text().splitlines()
+    index = 0
+    while index < len(lines):
+        if not lines[index].startswith(OPENING):
+            index += 1
+            continue
+        start = index
+        header = lines[index][len(OPENING) :].split()
+        if not header:
+            raise FedcondError(f"{path}:{index + 1}: a cites comment names no results folder")
+        folder, where = root / header[0], {}
+        if header[1:2] == ["where"]:
+            for pair in header[2:]:
+                key, _, value = pair.partition("=")
+                where[key] = value
+        citations = []
+        index += 1
+        while index < len(lines) and lines[index].strip() != "-->":
+            source, separator, quoted = lines[index].rpartition(":")
+            if not separator:
+                raise FedcondError(f"{path}:{index + 1}: a cited number is 'what: value', got '{lines[index]}'")
+            citations.append(Citation(path, index + 1, source.strip(), quoted.strip()))
+            index += 1
+        # The text is the lines above, back to a blank line; comments right above it (another
+        # folder's citations of the same text) are stepped over.
+        text_end = start
+        while text_end > 0 and lines[text_end - 1].strip() == "-->":
+            while text_end > 0 and not lines[text_end - 1].startswith(OPENING):
+                text_end -= 1
+            text_end -= 1
+        text_start = text_end
+        while text_start > 0 and lines[text_start - 1].strip():
+            text_start -= 1
+        yield Block(path, text_start + 1, "\n".join(lines[text_start:text_end]), folder, where, tuple(citations))
+        index += 1
+
+
+def _decimals(text: str) -> int:
+    return len(text.split(".")[1]) if "." in text else 0
+
+
+def _same(quoted: str, value: float) -> bool:
+    """Whether ``quoted`` (a number as printed) is ``value`` at that precision."""
+    return math.isfinite(value) and float(quoted) == round(value, _decimals(quoted))
+
+
+def measured(block: Block, citation: Citation) -> str | None:
+    """Why ``citation`` does not hold (None: it does)."""
+    rows = _rows(block.folder)
+    if match := _RUN.match(citation.source):
+        side = Side(match["method"], {**block.where, "seed": match["seed"]})
+        column = match["column"] or "accuracy"
+        if match["round"]:
+            side = Side(side.method, {**side.where, "round": match["round"]})
+        values = list(final_by_seed(rows, side, column).values())
+        if not values:
+            return "no such run in the folder's metrics.csv"
+        return None if _same(citation.quoted, values[0]) else f"the run gives {values[0]:.6g}"
+    if match := _MEAN.match(citation.source):
+        finals = final_by_seed(rows, Side(match["method"], block.where), match["column"] or "accuracy")
+        if not finals:
+            return "no such runs in the folder's metrics.csv"
+        mean = float(np.mean(list(finals.values())))
+        return None if _same(citation.quoted, mean) else f"the runs give {mean:.6g} ({len(finals)} seeds)"
+    if match := _PAIRED.match(citation.source):
+        column = match["column"] or "accuracy"
+        subject = final_by_seed(rows, Side(match["method"], block.where), column)
+        reference = final_by_seed(rows, Side(match["reference"], block.where), column)
+        seeds = sorted(set(subject) & set(reference))
+        if len(seeds) < 2:
+            return f"{len(seeds)} seed(s) run by both: no interval"
+        differences = [100 * (subject[seed] - reference[seed]) for seed in seeds]
+        mean, half = float(np.mean(differences)), confidence_half_width(differences)
+        parts = citation.quoted.replace("±", " ").split()
+        if len(parts) != 2:
+            return "a paired difference is quoted as 'D ± H'"
+        if _same(parts[0], mean) and _same(parts[1], half):
+            return None
+        return f"the runs give {mean:+.4f} ± {half:.4f} points ({len(seeds)} seeds)"
+    return "not a form this checker reads (METHOD seed S [round R] [COLUMN], METHOD mean [COLUMN], METHOD - REF)"
+
+
+def problems(path: Path, root: Path) -> list[str]:
+    """Every cited number of ``path`` that its runs do not give, or its text does not show, and every
+    precise number of a citing block that no line cites: one line each, 'file:line: what'."""
+    found = []
+    every = list(blocks(path, root))
+    cited: dict[int, set[str]] = {}  # by the first line of the text the citations follow
+    for block in every:
+        numbers = {number for citation in block.citations for number in re.findall(r"\d+\.\d+", citation.quoted)}
+        cited.setdefault(block.line, set()).update(numbers)
+    for block in every:
+        for citation in block.citations:
+            where = f"{path.relative_to(root)}:{citation.line}"
+            if citation.quoted.split("±")[0].strip() not in block.text:
+                found.append(f"{where}: {citation.quoted} ({citation.source}) is not in the text above it")
+                continue
+            wrong = measured(block, citation)
+            if wrong:
+                found.append(f"{where}: {citation.source}: {citation.quoted} is not what the runs say: {wrong}")
+    for line in sorted(cited):
+        text = next(block.text for block in every if block.line == line)
+        for number in PRECISE.findall(text):
+            if number not in cited[line]:
+                found.append(f"{path.relative_to(root)}:{line}: {number} is in a citing text and not cited")
+    return found

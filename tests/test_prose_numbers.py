@@ -1,0 +1,55 @@
+"""Numbers in hand-written prose that cite their runs hold (``fedcond/tools/prose_numbers.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedcond.tools.prose_numbers import problems
+
+ROOT = Path(__file__).resolve().parents[1]
+PROSE = sorted([ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("experiments/*.md")])
+
+BLOCK = """Scaled-hyper ends at 0.839 over three seeds, Oracle at 0.849: -0.98 ± 0.91 points; Oracle's seed 0
+reads 0.8355 at round 15.
+<!-- cites experiments/results/e4b-conditioning where configuration=C=2
+hyper-unit-zero mean: 0.839
+oracle mean: 0.849
+hyper-unit-zero - oracle: -0.98 ± 0.91
+oracle seed 0 round 15: 0.8355
+-->
+"""
+
+
+@pytest.mark.parametrize("path", PROSE, ids=[str(path.relative_to(ROOT)) for path in PROSE])
+def test_every_cited_number_is_what_its_runs_say(path):
+    assert problems(path, ROOT) == []
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = ROOT / "docs" / f".prose-check-{tmp_path.name}.md"  # inside the repository: folders are relative
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        (("at 0.849", "at 0.850"), "0.849 (oracle mean) is not in the text above it"),
+        (("0.849", "0.848"), "oracle mean: 0.848 is not what the runs say: the runs give 0.848"),
+        (("-0.98 ± 0.91", "-0.98 ± 0.19"), "not what the runs say: the runs give -0.9"),
+        (("round 15: 0.8355", "round 14: 0.8355"), "oracle seed 0 round 14: 0.8355 is not what the runs say"),
+        (("over three seeds,", "over three seeds (worst 0.7731),"), "0.7731 is in a citing text and not cited"),
+    ],
+    ids=["not in the text", "another mean", "another interval", "another round", "an uncited number"],
+)
+def test_a_wrong_or_uncited_number_is_named_with_its_line(tmp_path, change, complaint):
+    path = write(tmp_path, BLOCK)
+    try:
+        assert problems(path, ROOT) == []  # as written, every number holds
+        path.write_text(BLOCK.replace(*change))
+        found = problems(path, ROOT)
+        assert any(complaint in line for line in found), found
+    finally:
+        path.unlink()
