@@ -58,7 +58,9 @@ def test_compare_plans_newcomers_for_every_method(tmp_path, capsys):
 
 def test_a_methods_own_setting_in_a_compare_is_for_the_methods_that_read_it(tmp_path, capsys):
     """``ifca-models=3`` beside IFCA is IFCA's; where no method of the compare reads it, it is refused."""
-    assert main(["compare", "--methods", "fedavg,ifca", "--out", str(tmp_path / "a"), "--dry-run", "ifca-models=3"]) == 0
+    assert (
+        main(["compare", "--methods", "fedavg,ifca", "--out", str(tmp_path / "a"), "--dry-run", "ifca-models=3"]) == 0
+    )
     assert main(["compare", "--methods", "fedavg,local", "--out", str(tmp_path / "b"), "--dry-run",
                  "ifca-models=3"]) == 2  # fmt: skip
     assert "ifca-models=3 is a setting of ifca, and fedavg does not read it" in capsys.readouterr().err
