@@ -11,12 +11,13 @@ line, each number it quotes and where it comes from::
     -->
 
 A line is ``METHOD seed S [round R] [COLUMN]: VALUE`` (that run's COLUMN, accuracy unless named, in
-round R, its last recorded one unless named), ``METHOD mean [COLUMN]: VALUE`` (the mean over seeds of
-the last recorded values) or ``METHOD - REFERENCE [COLUMN]: D ± H`` (the paired mean difference in
-points over the seeds both ran, and its 95% t half-width). METHOD is the method column of the folder's
-metrics.csv (a grid label). ``where`` picks rows by other columns.
+round R, its last recorded one unless named), ``METHOD mean [over seeds 0,1] [COLUMN]: VALUE`` (the
+mean over its seeds, or those named, of the last recorded values) or ``METHOD - REFERENCE [COLUMN]:
+D ± H`` (the paired mean difference in points over the seeds both ran, and its 95% t half-width).
+METHOD is the method column of the folder's metrics.csv (a grid label). ``where`` picks rows by
+other columns.
 
-``check`` compares each quoted number with the runs at the precision it is printed with, and
+``problems`` compares each quoted number with the runs at the precision it is printed with, and
 fails where a number is not in the text it follows, where the runs give another, and where the
 text holds a number with three or more decimals that no line cites: such a block's numbers are all
 checked or none is.
@@ -40,7 +41,7 @@ OPENING = "<!-- cites "
 #: Numbers a block must cite once it cites any: three or more decimals (accuracies, losses).
 PRECISE = re.compile(r"(?<![\w.])\d+\.\d{3,}(?![\w.])")
 _RUN = re.compile(r"^(?P<method>\S+) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
-_MEAN = re.compile(r"^(?P<method>\S+) mean(?: (?P<column>[a-z_]+))?$")
+_MEAN = re.compile(r"^(?P<method>\S+) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
 _PAIRED = re.compile(r"^(?P<method>\S+) - (?P<reference>\S+)(?: (?P<column>[a-z_]+))?$")
 
 
@@ -129,6 +130,8 @@ def measured(block: Block, citation: Citation) -> str | None:
         return None if _same(citation.quoted, values[0]) else f"the run gives {values[0]:.6g}"
     if match := _MEAN.match(citation.source):
         finals = final_by_seed(rows, Side(match["method"], block.where), match["column"] or "accuracy")
+        if match["seeds"]:
+            finals = {seed: value for seed, value in finals.items() if seed in match["seeds"].split(",")}
         if not finals:
             return "no such runs in the folder's metrics.csv"
         mean = float(np.mean(list(finals.values())))
@@ -148,7 +151,10 @@ def measured(block: Block, citation: Citation) -> str | None:
         if _same(parts[0], mean) and _same(parts[1], half):
             return None
         return f"the runs give {mean:+.4f} ± {half:.4f} points ({len(seeds)} seeds)"
-    return "not a form this checker reads (METHOD seed S [round R] [COLUMN], METHOD mean [COLUMN], METHOD - REF)"
+    return (
+        "not a form this checker reads (METHOD seed S [round R] [COLUMN], METHOD mean [over seeds 0,1] [COLUMN], "
+        "METHOD - REFERENCE [COLUMN])"
+    )
 
 
 def problems(path: Path, root: Path) -> list[str]:
