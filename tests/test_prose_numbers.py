@@ -53,3 +53,15 @@ def test_a_wrong_or_uncited_number_is_named_with_its_line(tmp_path, change, comp
         assert any(complaint in line for line in found), found
     finally:
         path.unlink()
+
+
+def test_suggest_finds_the_runs_that_give_each_number_of_an_uncited_text(tmp_path):
+    from fedcond.tools.prose_numbers import suggest
+
+    path = write(tmp_path, "Initialised at random 0.8413, at zero 0.8408; the paper says 0.9999.\n")
+    try:
+        lines = suggest(path, 1, ROOT / "experiments/results/e4b-conditioning", {"configuration": "C=2"})
+    finally:
+        path.unlink()
+    assert "hyper-unit seed 0: 0.8413" in lines and "hyper-unit-zero seed 0: 0.8408" in lines
+    assert "# 0.9999: no run of e4b-conditioning gives it" in lines

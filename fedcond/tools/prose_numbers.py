@@ -181,3 +181,70 @@ def problems(path: Path, root: Path) -> list[str]:
             if number not in cited[line]:
                 found.append(f"{path.relative_to(root)}:{line}: {number} is in a citing text and not cited")
     return found
+
+
+#: The columns ``suggest`` looks in: a run's final values and their means, and accuracy and training
+#: loss round by round.
+SUGGESTED_COLUMNS = (
+    "accuracy", "worst_accuracy", "p10_accuracy", "heldout_accuracy", "heldout_worst_accuracy", "train_loss", "loss",
+)  # fmt: skip
+
+
+def suggest(path: Path, line: int, folder: Path, where: dict[str, str]) -> list[str]:
+    """For each precise number of the text around ``line`` of ``path``, the citation lines of
+    ``folder``'s runs that give it at its printed precision (several where it is ambiguous; none
+    where no run does): a start for citing an old text, to be read before it is pasted."""
+    lines = path.read_text().splitlines()
+    start = end = line - 1
+    while start > 0 and lines[start - 1].strip():
+        start -= 1
+    while end < len(lines) and lines[end].strip():
+        end += 1
+    text = "\n".join(lines[start:end])
+    rows = [row for row in _rows(folder) if all(row.get(key) == value for key, value in where.items())]
+    candidates: list[tuple[str, float]] = []
+    methods = sorted({row["method"] for row in rows})
+    for method in methods:
+        for column in SUGGESTED_COLUMNS:
+            finals = final_by_seed(rows, Side(method, {}), column)
+            named = "" if column == "accuracy" else f" {column}"
+            candidates += [(f"{method} seed {seed}{named}", value) for seed, value in finals.items()]
+            if len(finals) > 1:
+                candidates.append((f"{method} mean{named}", float(np.mean(list(finals.values())))))
+        for row in rows:
+            if row["method"] == method:
+                for column in ("accuracy", "train_loss"):
+                    named = "" if column == "accuracy" else f" {column}"
+                    value = float(row[column]) if row.get(column) not in ("", None) else math.nan
+                    candidates.append((f"{method} seed {row['seed']} round {row['round']}{named}", value))
+    suggested = []
+    for number in dict.fromkeys(PRECISE.findall(text)):
+        matches = [source for source, value in candidates if _same(number, value)]
+        finals_first = sorted(dict.fromkeys(matches), key=lambda source: (" round " in source, source))
+        if not finals_first:
+            suggested.append(f"# {number}: no run of {folder.name} gives it")
+        else:
+            suggested += [f"{source}: {number}" for source in finals_first[:3]]
+            if len(finals_first) > 3:
+                suggested.append(f"# {number}: {len(finals_first) - 3} more runs give it")
+    return suggested
+
+
+def main(arguments: list[str] | None = None) -> int:
+    """``python -m fedcond.tools.prose_numbers FILE:LINE FOLDER [key=value ...]``: suggested citations."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=suggest.__doc__)
+    parser.add_argument("place", help="FILE:LINE of the text to cite")
+    parser.add_argument("folder", help="the results folder its numbers come from")
+    parser.add_argument("where", nargs="*", help="column=value pairs that pick the folder's rows")
+    parsed = parser.parse_args(arguments)
+    file, _, line = parsed.place.rpartition(":")
+    where = dict(pair.split("=", 1) for pair in parsed.where)
+    header = " ".join([OPENING + parsed.folder, *(["where", *parsed.where] if where else [])])
+    print("\n".join([header, *suggest(Path(file), int(line), Path(parsed.folder), where), "-->"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
