@@ -39,7 +39,7 @@ from fedcond.tools.report import confidence_half_width
 
 OPENING = "<!-- cites "
 #: Numbers a block must cite once it cites any: three or more decimals (accuracies, losses).
-PRECISE = re.compile(r"(?<![\w.])\d+\.\d{3,}(?![\w.])")
+PRECISE = re.compile(r"(?<![\w.])\d+\.\d{3,}(?!\w)(?!\.\d)")  # a sentence's full stop may follow
 _RUN = re.compile(r"^(?P<method>\S+) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
 _MEAN = re.compile(r"^(?P<method>\S+) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
 _PAIRED = re.compile(r"^(?P<method>\S+) - (?P<reference>\S+)(?: (?P<column>[a-z_]+))?$")
