@@ -13,7 +13,8 @@ line, each number it quotes and where it comes from::
 A line is ``METHOD seed S [round R] [COLUMN]: VALUE`` (that run's COLUMN, accuracy unless named, in
 round R, its last recorded one unless named), ``METHOD mean [over seeds 0,1] [COLUMN]: VALUE`` (the
 mean over its seeds, or those named, of the last recorded values) or ``METHOD - REFERENCE [COLUMN]:
-D ± H`` (the paired mean difference in points over the seeds both ran, and its 95% t half-width).
+D ± H`` (the paired mean difference in points over the seeds both ran, and its 95% t half-width), or
+``paper TABLE METHOD [column=value ...]: VALUE`` (a number of the paper's, experiments/paper/results.csv).
 METHOD is the method column of the folder's metrics.csv (a grid label). ``where`` picks rows by
 other columns.
 
@@ -25,6 +26,7 @@ checked or none is.
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 from collections.abc import Iterator
@@ -42,6 +44,8 @@ OPENING = "<!-- cites "
 PRECISE = re.compile(r"(?<![\w.])\d+\.\d{3,}(?!\w)(?!\.\d)")  # a sentence's full stop may follow
 _RUN = re.compile(r"^(?P<method>\S+) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
 _MEAN = re.compile(r"^(?P<method>\S+) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
+_PAPER = re.compile(r"^paper (?P<table>[IVXL]+) (?P<method>\S+)(?P<filters>(?: [a-z_]+=\S+)*)$")
+_PAPER_RESULTS = "experiments/paper/results.csv"
 _PAIRED = re.compile(r"^(?P<method>\S+) - (?P<reference>\S+)(?: (?P<column>[a-z_]+))?$")
 
 
@@ -118,6 +122,8 @@ def _same(quoted: str, value: float) -> bool:
 
 def measured(block: Block, citation: Citation) -> str | None:
     """Why ``citation`` does not hold (None: it does)."""
+    if match := _PAPER.match(citation.source):
+        return _paper_value(block, match, citation.quoted)
     rows = _rows(block.folder)
     if match := _RUN.match(citation.source):
         side = Side(match["method"], {**block.where, "seed": match["seed"]})
@@ -157,6 +163,27 @@ def measured(block: Block, citation: Citation) -> str | None:
     )
 
 
+def _paper_value(block: Block, match: re.Match[str], quoted: str) -> str | None:
+    """A number of the paper's (``paper TABLE METHOD [column=value ...]``): some row of its results
+    (experiments/paper/results.csv) with that table and method, and the filters, gives it."""
+    root = block.path.parent
+    while not (root / _PAPER_RESULTS).is_file() and root != root.parent:
+        root = root.parent
+    with (root / _PAPER_RESULTS).open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    filters = dict(pair.split("=", 1) for pair in match["filters"].split())
+    chosen = [
+        row for row in rows
+        if row["table"] == match["table"] and row["method"] == match["method"]
+        and all(row.get(key) == value for key, value in filters.items())
+    ]  # fmt: skip
+    if not chosen:
+        return f"the paper's table {match['table']} has no {match['method']} row with {filters or 'no filter'}"
+    if any(_same(quoted, float(row["value"])) for row in chosen):
+        return None
+    return f"the paper's rows give {', '.join(sorted({row['value'] for row in chosen}))}"
+
+
 def problems(path: Path, root: Path) -> list[str]:
     """Every cited number of ``path`` that its runs do not give, or its text does not show, and every
     precise number of a citing block that no line cites: one line each, 'file:line: what'."""
@@ -186,7 +213,8 @@ def problems(path: Path, root: Path) -> list[str]:
 #: The columns ``suggest`` looks in: a run's final values and their means, and accuracy and training
 #: loss round by round.
 SUGGESTED_COLUMNS = (
-    "accuracy", "worst_accuracy", "p10_accuracy", "heldout_accuracy", "heldout_worst_accuracy", "train_loss", "loss",
+    "accuracy", "worst_accuracy", "p10_accuracy", "heldout_accuracy", "heldout_worst_accuracy",
+    "heldout_adapted_accuracy", "train_loss", "loss",
 )  # fmt: skip
 
 
