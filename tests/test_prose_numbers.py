@@ -12,13 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PROSE = sorted([ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("experiments/*.md")])
 
 BLOCK = """Scaled-hyper ends at 0.839 over three seeds, Oracle at 0.849: -0.98 ± 0.91 points; Oracle's seed 0
-reads 0.8355 at round 15; the paper's Gossip on MNIST K=2, 0.691.
+reads 0.8355 at round 15; the paper's Gossip on MNIST K=2, 0.691; pFedHN at its 0.002.
 <!-- cites experiments/results/e4b-conditioning where configuration=C=2
 hyper-unit-zero mean: 0.839
 oracle mean: 0.849
 hyper-unit-zero - oracle: -0.98 ± 0.91
 oracle seed 0 round 15: 0.8355
 paper IV Gossip dataset=MNIST k=2: 0.691
+default pfedhn-lr: 0.002
 -->
 """
 
@@ -43,8 +44,17 @@ def write(tmp_path: Path, text: str) -> Path:
         (("round 15: 0.8355", "round 14: 0.8355"), "oracle seed 0 round 14: 0.8355 is not what the runs say"),
         (("over three seeds,", "over three seeds (worst 0.7731),"), "0.7731 is in a citing text and not cited"),
         (("0.691", "0.692"), "is not what the runs say: the paper's rows give 0.691"),
+        (("0.002", "0.003"), "default pfedhn-lr: 0.003 is not what the runs say: its default is 0.002"),
     ],
-    ids=["not in the text", "another mean", "another interval", "another round", "an uncited number", "the paper's"],
+    ids=[
+        "not in the text",
+        "another mean",
+        "another interval",
+        "another round",
+        "an uncited number",
+        "the paper's",
+        "a default",
+    ],
 )
 def test_a_wrong_or_uncited_number_is_named_with_its_line(tmp_path, change, complaint):
     path = write(tmp_path, BLOCK)

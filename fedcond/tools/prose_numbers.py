@@ -14,7 +14,8 @@ A line is ``METHOD seed S [round R] [COLUMN]: VALUE`` (that run's COLUMN, accura
 round R, its last recorded one unless named), ``METHOD mean [over seeds 0,1] [COLUMN]: VALUE`` (the
 mean over its seeds, or those named, of the last recorded values) or ``METHOD - REFERENCE [COLUMN]:
 D ± H`` (the paired mean difference in points over the seeds both ran, and its 95% t half-width), or
-``paper TABLE METHOD [column=value ...]: VALUE`` (a number of the paper's, experiments/paper/results.csv).
+``paper TABLE METHOD [column=value ...]: VALUE`` (a number of the paper's, experiments/paper/results.csv),
+or ``default SETTING: VALUE`` (a setting's default, as declared).
 METHOD is the method column of the folder's metrics.csv (a grid label). ``where`` picks rows by
 other columns.
 
@@ -44,6 +45,7 @@ OPENING = "<!-- cites "
 PRECISE = re.compile(r"(?<![\w.])\d+\.\d{3,}(?!\w)(?!\.\d)")  # a sentence's full stop may follow
 _RUN = re.compile(r"^(?P<method>\S+) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
 _MEAN = re.compile(r"^(?P<method>\S+) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
+_DEFAULT = re.compile(r"^default (?P<key>[a-z0-9-]+)$")
 _PAPER = re.compile(r"^paper (?P<table>[IVXL]+) (?P<method>\S+)(?P<filters>(?: [a-z_]+=\S+)*)$")
 _PAPER_RESULTS = "experiments/paper/results.csv"
 _PAIRED = re.compile(r"^(?P<method>\S+) - (?P<reference>\S+)(?: (?P<column>[a-z_]+))?$")
@@ -124,6 +126,14 @@ def measured(block: Block, citation: Citation) -> str | None:
     """Why ``citation`` does not hold (None: it does)."""
     if match := _PAPER.match(citation.source):
         return _paper_value(block, match, citation.quoted)
+    if match := _DEFAULT.match(citation.source):
+        from fedcond.tools.flwr_commands import default_config
+
+        defaults = default_config()
+        if match["key"] not in defaults:
+            return f"no setting is called {match['key']}"
+        value = defaults[match["key"]]
+        return None if _same(citation.quoted, float(value)) else f"its default is {value}"
     rows = _rows(block.folder)
     if match := _RUN.match(citation.source):
         side = Side(match["method"], {**block.where, "seed": match["seed"]})
