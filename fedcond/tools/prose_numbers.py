@@ -12,7 +12,8 @@ line, each number it quotes and where it comes from::
 
 A line is ``METHOD seed S [round R] [COLUMN]: VALUE`` (that run's COLUMN, accuracy unless named, in
 round R, its last recorded one unless named), ``METHOD mean [over seeds 0,1] [COLUMN]: VALUE`` (the
-mean over its seeds, or those named, of the last recorded values) or ``METHOD - REFERENCE [COLUMN]:
+mean over its seeds, or those named, of the last recorded values), ``METHOD interval [over seeds 0,1]
+[COLUMN]: M ± H`` (that mean and its 95% t half-width), ``METHOD - REFERENCE [COLUMN]:
 D ± H`` (the paired mean difference in points over the seeds both ran, and its 95% t half-width), or
 ``paper TABLE METHOD [column=value ...]: VALUE`` (a number of the paper's, experiments/paper/results.csv),
 or ``default SETTING: VALUE`` (a setting's default, as declared).
@@ -45,6 +46,7 @@ OPENING = "<!-- cites "
 PRECISE = re.compile(r"(?<![\w.])\d+\.\d{3,}(?!\w)(?!\.\d)")  # a sentence's full stop may follow
 _RUN = re.compile(r"^(?P<method>\S+) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
 _MEAN = re.compile(r"^(?P<method>\S+) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
+_INTERVAL = re.compile(r"^(?P<method>\S+) interval(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
 _DEFAULT = re.compile(r"^default (?P<key>[a-z0-9-]+)$")
 _PAPER = re.compile(r"^paper (?P<table>[IVXL]+) (?P<method>\S+)(?P<filters>(?: [a-z_]+=\S+)*)$")
 _PAPER_RESULTS = "experiments/paper/results.csv"
@@ -152,6 +154,17 @@ def measured(block: Block, citation: Citation) -> str | None:
             return "no such runs in the folder's metrics.csv"
         mean = float(np.mean(list(finals.values())))
         return None if _same(citation.quoted, mean) else f"the runs give {mean:.6g} ({len(finals)} seeds)"
+    if match := _INTERVAL.match(citation.source):
+        finals = final_by_seed(rows, Side(match["method"], block.where), match["column"] or "accuracy")
+        if match["seeds"]:
+            finals = {seed: value for seed, value in finals.items() if seed in match["seeds"].split(",")}
+        if len(finals) < 2:
+            return f"{len(finals)} seed(s): no interval"
+        mean, half = float(np.mean(list(finals.values()))), confidence_half_width(list(finals.values()))
+        parts = citation.quoted.replace("±", " ").split()
+        if len(parts) == 2 and _same(parts[0], mean) and _same(parts[1], half):
+            return None
+        return f"the runs give {mean:.4f} ± {half:.4f} ({len(finals)} seeds)"
     if match := _PAIRED.match(citation.source):
         column = match["column"] or "accuracy"
         subject = final_by_seed(rows, Side(match["method"], block.where), column)
