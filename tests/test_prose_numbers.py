@@ -80,3 +80,18 @@ def test_suggest_finds_the_runs_that_give_each_number_of_an_uncited_text(tmp_pat
         path.unlink()
     assert "hyper-unit seed 0: 0.8413" in lines and "hyper-unit-zero seed 0: 0.8408" in lines
     assert "# 0.9999: no run of e4b-conditioning gives it" in lines
+
+
+def test_a_csv_of_runs_is_cited_by_its_own_method_column(tmp_path):
+    text = """The digits default ends at 0.644.
+<!-- cites experiments/results/instability/rounds.csv by variant where configuration=digits-e1-k5
+default seed 0: 0.644
+-->
+"""
+    path = write(tmp_path, text)
+    try:
+        assert problems(path, ROOT) == []
+        path.write_text(text.replace("0.644", "0.645"))
+        assert any("the run gives 0.644" in line for line in problems(path, ROOT))
+    finally:
+        path.unlink()

@@ -74,6 +74,17 @@ class Block:
     folder: Path
     where: dict[str, str]
     citations: tuple[Citation, ...]
+    #: The column that names the method (a results folder's metrics.csv: ``method``).
+    by: str = "method"
+
+    def rows(self) -> list[dict[str, str]]:
+        """The rows the citations read: a results folder's metrics.csv, or a CSV file of runs named
+        in the comment (``by COLUMN`` names its method column; a file without seeds is seed 0)."""
+        if self.folder.suffix != ".csv":
+            return _rows(self.folder)
+        with self.folder.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        return [{"seed": "0", **row, "method": row.get(self.by, "")} for row in rows]
 
 
 def blocks(path: Path, root: Path) -> Iterator[Block]:
@@ -88,9 +99,12 @@ def blocks(path: Path, root: Path) -> Iterator[Block]:
         header = lines[index][len(OPENING) :].split()
         if not header:
             raise FedcondError(f"{path}:{index + 1}: a cites comment names no results folder")
-        folder, where = root / header[0], {}
-        if header[1:2] == ["where"]:
-            for pair in header[2:]:
+        folder, where, by = root / header[0], {}, "method"
+        rest = header[1:]
+        if rest[:1] == ["by"] and len(rest) > 1:
+            by, rest = rest[1], rest[2:]
+        if rest[:1] == ["where"]:
+            for pair in rest[1:]:
                 key, _, value = pair.partition("=")
                 where[key] = value
         citations = []
@@ -111,7 +125,8 @@ def blocks(path: Path, root: Path) -> Iterator[Block]:
         text_start = text_end
         while text_start > 0 and lines[text_start - 1].strip():
             text_start -= 1
-        yield Block(path, text_start + 1, "\n".join(lines[text_start:text_end]), folder, where, tuple(citations))
+        text = "\n".join(lines[text_start:text_end])
+        yield Block(path, text_start + 1, text, folder, where, tuple(citations), by)
         index += 1
 
 
@@ -136,7 +151,7 @@ def measured(block: Block, citation: Citation) -> str | None:
             return f"no setting is called {match['key']}"
         value = defaults[match["key"]]
         return None if _same(citation.quoted, float(value)) else f"its default is {value}"
-    rows = _rows(block.folder)
+    rows = block.rows()
     if match := _RUN.match(citation.source):
         side = Side(match["method"], {**block.where, "seed": match["seed"]})
         column = match["column"] or "accuracy"
