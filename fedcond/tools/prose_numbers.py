@@ -43,7 +43,8 @@ from fedcond.tools.report import confidence_half_width
 
 OPENING = "<!-- cites "
 #: Numbers a block must cite once it cites any: three or more decimals (accuracies, losses).
-PRECISE = re.compile(r"(?<![\w.])\d+\.\d{3,}(?!\w)(?!\.\d)")  # a sentence's full stop may follow
+#: (A setting written key=value is not a result: a number right after "=" is not one of them.)
+PRECISE = re.compile(r"(?<![\w.=])\d+\.\d{3,}(?!\w)(?!\.\d)")  # a sentence's full stop may follow
 _RUN = re.compile(r"^(?P<method>\S+) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
 _MEAN = re.compile(r"^(?P<method>\S+) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
 _INTERVAL = re.compile(r"^(?P<method>\S+) interval(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
