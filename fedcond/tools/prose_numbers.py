@@ -80,12 +80,14 @@ class Block:
 
     def rows(self) -> list[dict[str, str]]:
         """The rows the citations read: a results folder's metrics.csv, or a CSV file of runs named
-        in the comment (``by COLUMN`` names its method column; a file without seeds is seed 0)."""
+        in the comment (``by COLUMN`` names its method column, ``by A/B`` joins two; a file without seeds
+        is seed 0)."""
         if self.folder.suffix != ".csv":
             return _rows(self.folder)
         with self.folder.open(newline="") as handle:
             rows = list(csv.DictReader(handle))
-        return [{"seed": "0", **row, "method": row.get(self.by, "")} for row in rows]
+        return [{"seed": "0", "round": "0", **row, "method": "/".join(row.get(column, "") for column in self.by.split("/"))}
+                for row in rows]  # fmt: skip
 
 
 def blocks(path: Path, root: Path) -> Iterator[Block]:
