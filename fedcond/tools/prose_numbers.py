@@ -86,7 +86,8 @@ class Block:
             return _rows(self.folder)
         with self.folder.open(newline="") as handle:
             rows = list(csv.DictReader(handle))
-        return [{"seed": "0", "round": "0", **row, "method": "/".join(row.get(column, "") for column in self.by.split("/"))}
+        named = self.by.split("/")
+        return [{"seed": "0", "round": "0", **row, "method": "/".join(row.get(column, "") for column in named)}
                 for row in rows]  # fmt: skip
 
 
