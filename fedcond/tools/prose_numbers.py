@@ -80,15 +80,17 @@ class Block:
 
     def rows(self) -> list[dict[str, str]]:
         """The rows the citations read: a results folder's metrics.csv, or a CSV file of runs named
-        in the comment (``by COLUMN`` names its method column, ``by A/B`` joins two; a file without seeds
-        is seed 0)."""
+        in the comment (a file without seeds is seed 0); ``by COLUMN`` names the column that names
+        the method, ``by A/B`` joins two."""
         if self.folder.suffix != ".csv":
-            return _rows(self.folder)
-        with self.folder.open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
+            rows = _rows(self.folder)
+        else:
+            with self.folder.open(newline="") as handle:
+                rows = [{"seed": "0", "round": "0", **row} for row in csv.DictReader(handle)]
+        if self.by == "method":
+            return rows
         named = self.by.split("/")
-        return [{"seed": "0", "round": "0", **row, "method": "/".join(row.get(column, "") for column in named)}
-                for row in rows]  # fmt: skip
+        return [{**row, "method": "/".join(row.get(column, "") for column in named)} for row in rows]
 
 
 def blocks(path: Path, root: Path) -> Iterator[Block]:
