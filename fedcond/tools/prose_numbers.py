@@ -45,6 +45,15 @@ OPENING = "<!-- cites "
 #: Numbers a block must cite once it cites any: three or more decimals (accuracies, losses).
 #: (A setting written key=value is not a result: a number right after "=" is not one of them.)
 PRECISE = re.compile(r"(?<![\w.=])\d+\.\d{3,}(?!\w)(?!\.\d)")  # a sentence's full stop may follow
+#: An arXiv identifier (2603.11307) is a name, not a number.
+_ARXIV = re.compile(r"arXiv\s+\d{4}\.\d{4,5}")
+
+
+def precise_numbers(text: str) -> list[str]:
+    """The numbers of ``text`` with three or more decimals, as printed."""
+    return PRECISE.findall(_ARXIV.sub("", text))
+
+
 _RUN = re.compile(r"^(?P<method>\S+) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
 _MEAN = re.compile(r"^(?P<method>\S+) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
 _INTERVAL = re.compile(r"^(?P<method>\S+) interval(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
@@ -258,7 +267,7 @@ def problems(path: Path, root: Path) -> list[str]:
                 found.append(f"{path.relative_to(root)}:{number}: an outside measurement names no command that exists")
     for line in sorted(cited):
         text = next(block.text for block in every if block.line == line)
-        for number in PRECISE.findall(text):
+        for number in precise_numbers(text):
             if number not in cited[line]:
                 found.append(f"{path.relative_to(root)}:{line}: {number} is in a citing text and not cited")
     return found
@@ -300,7 +309,7 @@ def suggest(path: Path, line: int, folder: Path, where: dict[str, str]) -> list[
                     value = float(row[column]) if row.get(column) not in ("", None) else math.nan
                     candidates.append((f"{method} seed {row['seed']} round {row['round']}{named}", value))
     suggested = []
-    for number in dict.fromkeys(PRECISE.findall(text)):
+    for number in dict.fromkeys(precise_numbers(text)):
         matches = [source for source, value in candidates if _same(number, value)]
         finals_first = sorted(dict.fromkeys(matches), key=lambda source: (" round " in source, source))
         if not finals_first:
@@ -348,7 +357,7 @@ def uncited(path: Path, root: Path) -> list[tuple[int, list[str]]]:
     start = 0
 
     def close(following: str) -> None:
-        numbers = PRECISE.findall("\n".join(text))
+        numbers = precise_numbers("\n".join(text))
         if numbers and not following.startswith((OPENING, OUTSIDE)):
             found.append((start + 1, numbers))
 
