@@ -193,7 +193,9 @@ def declared_options() -> tuple[Option, ...]:
 def run_config(mapping: Mapping[str, Any], explicit: Mapping[str, Any] | None = None) -> RunConfig:
     """A run configuration from run-config keys, the methods' own options and a named variant's
     fixed settings included; ``explicit`` are the keys the user gave (the rest are defaults)."""
-    return RunConfig.from_mapping(with_variant_settings(mapping, explicit), declared_options())
+    options = declared_options()
+    defaults = {option.key: option.default for option in options}
+    return RunConfig.from_mapping(with_variant_settings(mapping, explicit, defaults), options)
 
 
 #: What ``--methods`` (and a grid's ``method``) may name besides single methods.

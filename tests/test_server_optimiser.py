@@ -12,7 +12,7 @@ from fedcond.aggregation import weighted_average
 from fedcond.errors import FedcondError
 from fedcond.models import build_model, trained_arrays
 from fedcond.scenarios import scenario_for
-from fedcond.server_optimiser import ServerMomentum
+from fedcond.server_optimiser import SERVER_MOMENTUM, ServerMomentum
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import run_in_process
 from strategies.base import StrategyInputs
@@ -118,3 +118,18 @@ def test_a_run_with_server_momentum_trains_and_records_a_different_history(tmp_p
     assert rows["fedavgm"][0]["accuracy"] == rows["plain"][0]["accuracy"]  # round 1's step is the average's
     assert rows["fedavgm"][-1]["accuracy"] != rows["plain"][-1]["accuracy"]
     assert float(rows["fedavgm"][-1]["accuracy"]) > 0.5
+
+
+def test_a_variant_may_fix_a_method_option_and_a_clientapp_reads_it_from_flowers_merged_config():
+    from clients.app import client_run_config
+    from fedcond.tools.flwr_commands import default_config
+    from fedcond.variants import VARIANTS
+
+    (name,) = [name for name, variant in VARIANTS.items() if dict(variant.settings).get("server-momentum")]
+    fixed = dict(VARIANTS[name].settings)["server-momentum"]
+    assert SERVER_MOMENTUM.of(run_config({"method": name})) == fixed
+    with pytest.raises(FedcondError, match=f"method={name} is conditional with server-momentum={fixed}"):
+        run_config({"method": name, "server-momentum": 0.9}, {"server-momentum": 0.9})
+    # Flower's run config holds every key at its default; the server's method table takes the variant's.
+    assert SERVER_MOMENTUM.of(run_config({**default_config(), "method": name})) == fixed
+    assert dict(client_run_config({**default_config(), "method": name}).options)["server-momentum"] == fixed
