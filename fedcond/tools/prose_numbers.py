@@ -31,6 +31,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,18 +50,26 @@ PRECISE = re.compile(r"(?<![\w.=])\d+\.\d{3,}(?!\w)(?!\.\d)")  # a sentence's fu
 _ARXIV = re.compile(r"arXiv\s+\d{4}\.\d{4,5}")
 
 
+def _named(method: str) -> str:
+    return method[1:-1] if method.startswith('"') else method
+
+
 def precise_numbers(text: str) -> list[str]:
     """The numbers of ``text`` with three or more decimals, as printed."""
     return PRECISE.findall(_ARXIV.sub("", text))
 
 
-_RUN = re.compile(r"^(?P<method>\S+) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
-_MEAN = re.compile(r"^(?P<method>\S+) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
-_INTERVAL = re.compile(r"^(?P<method>\S+) interval(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
+#: A method is one word, or a grid label with spaces in double quotes ("CFL (eps 0.4)").
+_NAME = r'(?:"[^"]+"|\S+)'
+_RUN = re.compile(rf"^(?P<method>{_NAME}) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
+_MEAN = re.compile(rf"^(?P<method>{_NAME}) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
+_INTERVAL = re.compile(
+    rf"^(?P<method>{_NAME}) interval(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$"
+)
 _DEFAULT = re.compile(r"^default (?P<key>[a-z0-9-]+)$")
 _PAPER = re.compile(r"^paper (?P<table>[IVXL]+) (?P<method>\S+)(?P<filters>(?: [a-z_]+=\S+)*)$")
 _PAPER_RESULTS = "experiments/paper/results.csv"
-_PAIRED = re.compile(r"^(?P<method>\S+) - (?P<reference>\S+)(?: (?P<column>[a-z_]+))?$")
+_PAIRED = re.compile(rf"^(?P<method>{_NAME}) - (?P<reference>{_NAME})(?: (?P<column>[a-z_]+))?$")
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,7 @@ def blocks(path: Path, root: Path) -> Iterator[Block]:
             index += 1
             continue
         start = index
-        header = lines[index][len(OPENING) :].split()
+        header = shlex.split(lines[index][len(OPENING) :])
         if not header:
             raise FedcondError(f"{path}:{index + 1}: a cites comment names no results folder")
         folder, where, by = root / header[0], {}, "method"
@@ -168,7 +177,7 @@ def measured(block: Block, citation: Citation) -> str | None:
         return None if _same(citation.quoted, float(value)) else f"its default is {value}"
     rows = block.rows()
     if match := _RUN.match(citation.source):
-        side = Side(match["method"], {**block.where, "seed": match["seed"]})
+        side = Side(_named(match["method"]), {**block.where, "seed": match["seed"]})
         column = match["column"] or "accuracy"
         if match["round"]:
             side = Side(side.method, {**side.where, "round": match["round"]})
@@ -177,7 +186,7 @@ def measured(block: Block, citation: Citation) -> str | None:
             return "no such run in the folder's metrics.csv"
         return None if _same(citation.quoted, values[0]) else f"the run gives {values[0]:.6g}"
     if match := _MEAN.match(citation.source):
-        finals = final_by_seed(rows, Side(match["method"], block.where), match["column"] or "accuracy")
+        finals = final_by_seed(rows, Side(_named(match["method"]), block.where), match["column"] or "accuracy")
         if match["seeds"]:
             finals = {seed: value for seed, value in finals.items() if seed in match["seeds"].split(",")}
         if not finals:
@@ -185,7 +194,7 @@ def measured(block: Block, citation: Citation) -> str | None:
         mean = float(np.mean(list(finals.values())))
         return None if _same(citation.quoted, mean) else f"the runs give {mean:.6g} ({len(finals)} seeds)"
     if match := _INTERVAL.match(citation.source):
-        finals = final_by_seed(rows, Side(match["method"], block.where), match["column"] or "accuracy")
+        finals = final_by_seed(rows, Side(_named(match["method"]), block.where), match["column"] or "accuracy")
         if match["seeds"]:
             finals = {seed: value for seed, value in finals.items() if seed in match["seeds"].split(",")}
         if len(finals) < 2:
@@ -197,8 +206,8 @@ def measured(block: Block, citation: Citation) -> str | None:
         return f"the runs give {mean:.4f} ± {half:.4f} ({len(finals)} seeds)"
     if match := _PAIRED.match(citation.source):
         column = match["column"] or "accuracy"
-        subject = final_by_seed(rows, Side(match["method"], block.where), column)
-        reference = final_by_seed(rows, Side(match["reference"], block.where), column)
+        subject = final_by_seed(rows, Side(_named(match["method"]), block.where), column)
+        reference = final_by_seed(rows, Side(_named(match["reference"]), block.where), column)
         seeds = sorted(set(subject) & set(reference))
         if len(seeds) < 2:
             return f"{len(seeds)} seed(s) run by both: no interval"
