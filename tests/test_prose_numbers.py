@@ -31,7 +31,8 @@ def test_every_cited_number_is_what_its_runs_say(path):
 
 
 def write(tmp_path: Path, text: str) -> Path:
-    path = ROOT / "docs" / f".prose-check-{tmp_path.name}.md"  # inside the repository: folders are relative
+    """A page of prose in the test's folder; its citations name folders from the repository's root."""
+    path = tmp_path / "page.md"
     path.write_text(text)
     return path
 

@@ -95,6 +95,8 @@ class Block:
     citations: tuple[Citation, ...]
     #: The column that names the method (a results folder's metrics.csv: ``method``).
     by: str = "method"
+    #: The repository the folders are named from (where experiments/paper/results.csv lives).
+    root: Path = Path(".")
 
     def rows(self) -> list[dict[str, str]]:
         """The rows the citations read: a results folder's metrics.csv, or a CSV file of runs named
@@ -150,7 +152,7 @@ def blocks(path: Path, root: Path) -> Iterator[Block]:
         while text_start > 0 and lines[text_start - 1].strip():
             text_start -= 1
         text = "\n".join(lines[text_start:text_end])
-        yield Block(path, text_start + 1, text, folder, where, tuple(citations), by)
+        yield Block(path, text_start + 1, text, folder, where, tuple(citations), by, root)
         index += 1
 
 
@@ -228,10 +230,7 @@ def measured(block: Block, citation: Citation) -> str | None:
 def _paper_value(block: Block, match: re.Match[str], quoted: str) -> str | None:
     """A number of the paper's (``paper TABLE METHOD [column=value ...]``): some row of its results
     (experiments/paper/results.csv) with that table and method, and the filters, gives it."""
-    root = block.path.parent
-    while not (root / _PAPER_RESULTS).is_file() and root != root.parent:
-        root = root.parent
-    with (root / _PAPER_RESULTS).open(newline="") as handle:
+    with (block.root / _PAPER_RESULTS).open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     filters = dict(pair.split("=", 1) for pair in match["filters"].split())
     chosen = [
@@ -246,6 +245,11 @@ def _paper_value(block: Block, match: re.Match[str], quoted: str) -> str | None:
     return f"the paper's rows give {', '.join(sorted({row['value'] for row in chosen}))}"
 
 
+def _shown(path: Path, root: Path) -> str:
+    """``path`` as a message names it: from the repository's root where it is inside it."""
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
 def problems(path: Path, root: Path) -> list[str]:
     """Every cited number of ``path`` that its runs do not give, or its text does not show, and every
     precise number of a citing block that no line cites: one line each, 'file:line: what'."""
@@ -257,7 +261,7 @@ def problems(path: Path, root: Path) -> list[str]:
         cited.setdefault(block.line, set()).update(numbers)
     for block in every:
         for citation in block.citations:
-            where = f"{path.relative_to(root)}:{citation.line}"
+            where = f"{_shown(path, root)}:{citation.line}"
             # A signed difference may be worded ("0.98 points under"): its magnitude is what the text shows.
             if citation.quoted.split("±")[0].strip().lstrip("+-") not in block.text:
                 found.append(f"{where}: {citation.quoted} ({citation.source}) is not in the text above it")
@@ -274,12 +278,12 @@ def problems(path: Path, root: Path) -> list[str]:
                 else None
             )
             if not command or (script is not None and not (root / script).is_file()):
-                found.append(f"{path.relative_to(root)}:{number}: an outside measurement names no command that exists")
+                found.append(f"{_shown(path, root)}:{number}: an outside measurement names no command that exists")
     for line in sorted(cited):
         text = next(block.text for block in every if block.line == line)
         for number in precise_numbers(text):
             if number not in cited[line]:
-                found.append(f"{path.relative_to(root)}:{line}: {number} is in a citing text and not cited")
+                found.append(f"{_shown(path, root)}:{line}: {number} is in a citing text and not cited")
     return found
 
 
