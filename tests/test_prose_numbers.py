@@ -62,40 +62,19 @@ def write(tmp_path: Path, text: str) -> Path:
 )
 def test_a_wrong_or_uncited_number_is_named_with_its_line(tmp_path, change, complaint):
     path = write(tmp_path, BLOCK)
-    try:
-        assert problems(path, ROOT) == []  # as written, every number holds
-        path.write_text(BLOCK.replace(*change))
-        found = problems(path, ROOT)
-        assert any(complaint in line for line in found), found
-    finally:
-        path.unlink()
+    assert problems(path, ROOT) == []  # as written, every number holds
+    path.write_text(BLOCK.replace(*change))
+    found = problems(path, ROOT)
+    assert any(complaint in line for line in found), found
 
 
 def test_suggest_finds_the_runs_that_give_each_number_of_an_uncited_text(tmp_path):
     from fedcond.tools.prose_numbers import suggest
 
     path = write(tmp_path, "Initialised at random 0.8413, at zero 0.8408; the paper says 0.9999.\n")
-    try:
-        lines = suggest(path, 1, ROOT / "experiments/results/e4b-conditioning", {"configuration": "C=2"})
-    finally:
-        path.unlink()
+    lines = suggest(path, 1, ROOT / "experiments/results/e4b-conditioning", {"configuration": "C=2"})
     assert "hyper-unit seed 0: 0.8413" in lines and "hyper-unit-zero seed 0: 0.8408" in lines
     assert "# 0.9999: no run of e4b-conditioning gives it" in lines
-
-
-def test_a_csv_of_runs_is_cited_by_its_own_method_column(tmp_path):
-    text = """The digits default ends at 0.644.
-<!-- cites experiments/results/instability/rounds.csv by variant where configuration=digits-e1-k5
-default seed 0: 0.644
--->
-"""
-    path = write(tmp_path, text)
-    try:
-        assert problems(path, ROOT) == []
-        path.write_text(text.replace("0.644", "0.645"))
-        assert any("the run gives 0.644" in line for line in problems(path, ROOT))
-    finally:
-        path.unlink()
 
 
 #: Texts of the README, docs and notes that quote numbers of three or more decimals and neither cite
@@ -118,22 +97,27 @@ def test_an_uncited_text_is_found_and_a_cited_or_outside_one_is_not(tmp_path):
     from fedcond.tools.prose_numbers import uncited
 
     path = write(tmp_path, "Ends at 0.8481.\n\nA run outside: 0.9123.\n<!-- outside: python x.py -->\n\n" + BLOCK)
-    try:
-        assert uncited(path, ROOT) == [(1, ["0.8481"])]
-    finally:
-        path.unlink()
+    assert uncited(path, ROOT) == [(1, ["0.8481"])]
 
 
-def test_a_grid_label_with_spaces_is_cited_in_double_quotes(tmp_path):
-    text = """CFL at the authors' thresholds ends at 0.953.
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [
+        ("""The digits default ends at 0.644.
+<!-- cites experiments/results/instability/rounds.csv by variant where configuration=digits-e1-k5
+default seed 0: 0.644
+-->
+""", "0.644"),
+        ("""CFL at the authors' thresholds ends at 0.953.
 <!-- cites experiments/results/cfl-own-setting by variant
 "CFL (authors' eps 0.4 / 1.6)" seed 0: 0.953
 -->
-"""
+""", "0.953"),
+    ],
+    ids=["a CSV of runs, by its own method column", "a grid label with spaces, in double quotes"],
+)  # fmt: skip
+def test_another_source_of_runs_is_cited_as_a_results_folder_is(tmp_path, text, number):
     path = write(tmp_path, text)
-    try:
-        assert problems(path, ROOT) == []
-        path.write_text(text.replace("0.953", "0.954"))
-        assert any("the run gives 0.953" in line for line in problems(path, ROOT))
-    finally:
-        path.unlink()
+    assert problems(path, ROOT) == []
+    path.write_text(text.replace(number, number[:-1] + str(int(number[-1]) + 1)))
+    assert any(f"the run gives {number}" in line for line in problems(path, ROOT))

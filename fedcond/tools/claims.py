@@ -158,7 +158,7 @@ def load_claims(path: Path) -> Claims:
     return Claims(path, tuple(claims), choices)
 
 
-def _rows(folder: Path) -> list[dict[str, str]]:
+def metrics_rows(folder: Path) -> list[dict[str, str]]:
     metrics = folder / METRICS_FILE
     if not metrics.is_file():
         raise FedcondError(f"{folder} holds no {METRICS_FILE}; run fedcond report {folder} first")
@@ -224,7 +224,7 @@ def verdict(kind: str, margin: float, differences: Sequence[float]) -> str:
 
 def measure(claim: Claim, answer: Answer) -> Measured:
     """``answer``'s runs paired seed by seed; a side with no finished run is a one-line error."""
-    rows = _rows(answer.folder)
+    rows = metrics_rows(answer.folder)
     subject = final_by_seed(rows, answer.subject)
     reference = final_by_seed(rows, answer.reference)
     for name, values in (("subject", answer.subject), ("reference", answer.reference)):
@@ -346,7 +346,7 @@ def ranked_methods(choice: Choice) -> tuple[list[Ranked], Ranked | None]:
     methods = registry()
     found: dict[str, Mapping[str, float]] = {}
     for folder in choice.folders:
-        rows = _rows(folder)
+        rows = metrics_rows(folder)
         for label, name in _named_methods(folder).items():
             finals = final_by_seed(rows, Side(label, choice.where))
             if finals and len(finals) > len(found.get(name, {})):

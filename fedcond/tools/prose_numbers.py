@@ -39,10 +39,13 @@ from pathlib import Path
 import numpy as np
 
 from fedcond.errors import FedcondError
-from fedcond.tools.claims import Side, _rows, final_by_seed
+from fedcond.tools.claims import Side, final_by_seed, metrics_rows
 from fedcond.tools.report import confidence_half_width
 
 OPENING = "<!-- cites "
+#: A text whose numbers were measured outside the committed results says so, and how to measure
+#: them again, in a comment right below it: ``<!-- outside: python benchmarks/x.py --out DIR -->``.
+OUTSIDE = "<!-- outside: "
 #: Numbers a block must cite once it cites any: three or more decimals (accuracies, losses).
 #: (A setting written key=value is not a result: a number right after "=" is not one of them.)
 PRECISE = re.compile(r"(?<![\w.=])\d+\.\d{3,}(?!\w)(?!\.\d)")  # a sentence's full stop may follow
@@ -62,9 +65,8 @@ def precise_numbers(text: str) -> list[str]:
 #: A method is one word, or a grid label with spaces in double quotes ("CFL (eps 0.4)").
 _NAME = r'(?:"[^"]+"|\S+)'
 _RUN = re.compile(rf"^(?P<method>{_NAME}) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
-_MEAN = re.compile(rf"^(?P<method>{_NAME}) mean(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$")
-_INTERVAL = re.compile(
-    rf"^(?P<method>{_NAME}) interval(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$"
+_OVER_SEEDS = re.compile(
+    rf"^(?P<method>{_NAME}) (?P<kind>mean|interval)(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$"
 )
 _DEFAULT = re.compile(r"^default (?P<key>[a-z0-9-]+)$")
 _PAPER = re.compile(r"^paper (?P<table>[IVXL]+) (?P<method>\S+)(?P<filters>(?: [a-z_]+=\S+)*)$")
@@ -103,7 +105,7 @@ class Block:
         in the comment (a file without seeds is seed 0); ``by COLUMN`` names the column that names
         the method, ``by A/B`` joins two."""
         if self.folder.suffix != ".csv":
-            rows = _rows(self.folder)
+            rows = metrics_rows(self.folder)
         else:
             with self.folder.open(newline="") as handle:
                 rows = [{"seed": "0", "round": "0", **row} for row in csv.DictReader(handle)]
@@ -165,6 +167,12 @@ def _same(quoted: str, value: float) -> bool:
     return math.isfinite(value) and float(quoted) == round(value, _decimals(quoted))
 
 
+def _same_interval(quoted: str, mean: float, half: float) -> bool:
+    """Whether ``quoted`` ("M ± H") is ``mean`` and ``half`` at the precision each is printed with."""
+    parts = quoted.replace("±", " ").split()
+    return len(parts) == 2 and _same(parts[0], mean) and _same(parts[1], half)
+
+
 def measured(block: Block, citation: Citation) -> str | None:
     """Why ``citation`` does not hold (None: it does)."""
     if match := _PAPER.match(citation.source):
@@ -187,25 +195,22 @@ def measured(block: Block, citation: Citation) -> str | None:
         if not values:
             return "no such run in the folder's metrics.csv"
         return None if _same(citation.quoted, values[0]) else f"the run gives {values[0]:.6g}"
-    if match := _MEAN.match(citation.source):
+    if match := _OVER_SEEDS.match(citation.source):
         finals = final_by_seed(rows, Side(_named(match["method"]), block.where), match["column"] or "accuracy")
         if match["seeds"]:
             finals = {seed: value for seed, value in finals.items() if seed in match["seeds"].split(",")}
-        if not finals:
-            return "no such runs in the folder's metrics.csv"
-        mean = float(np.mean(list(finals.values())))
-        return None if _same(citation.quoted, mean) else f"the runs give {mean:.6g} ({len(finals)} seeds)"
-    if match := _INTERVAL.match(citation.source):
-        finals = final_by_seed(rows, Side(_named(match["method"]), block.where), match["column"] or "accuracy")
-        if match["seeds"]:
-            finals = {seed: value for seed, value in finals.items() if seed in match["seeds"].split(",")}
-        if len(finals) < 2:
-            return f"{len(finals)} seed(s): no interval"
-        mean, half = float(np.mean(list(finals.values()))), confidence_half_width(list(finals.values()))
-        parts = citation.quoted.replace("±", " ").split()
-        if len(parts) == 2 and _same(parts[0], mean) and _same(parts[1], half):
+        values = list(finals.values())
+        if match["kind"] == "mean":
+            if not values:
+                return "no such runs in the folder's metrics.csv"
+            mean = float(np.mean(values))
+            return None if _same(citation.quoted, mean) else f"the runs give {mean:.6g} ({len(values)} seeds)"
+        if len(values) < 2:
+            return f"{len(values)} seed(s): no interval"
+        mean, half = float(np.mean(values)), confidence_half_width(values)
+        if _same_interval(citation.quoted, mean, half):
             return None
-        return f"the runs give {mean:.4f} ± {half:.4f} ({len(finals)} seeds)"
+        return f"the runs give {mean:.4f} ± {half:.4f} ({len(values)} seeds)"
     if match := _PAIRED.match(citation.source):
         column = match["column"] or "accuracy"
         subject = final_by_seed(rows, Side(_named(match["method"]), block.where), column)
@@ -215,15 +220,14 @@ def measured(block: Block, citation: Citation) -> str | None:
             return f"{len(seeds)} seed(s) run by both: no interval"
         differences = [100 * (subject[seed] - reference[seed]) for seed in seeds]
         mean, half = float(np.mean(differences)), confidence_half_width(differences)
-        parts = citation.quoted.replace("±", " ").split()
-        if len(parts) != 2:
+        if len(citation.quoted.replace("±", " ").split()) != 2:
             return "a paired difference is quoted as 'D ± H'"
-        if _same(parts[0], mean) and _same(parts[1], half):
+        if _same_interval(citation.quoted, mean, half):
             return None
         return f"the runs give {mean:+.4f} ± {half:.4f} points ({len(seeds)} seeds)"
     return (
-        "not a form this checker reads (METHOD seed S [round R] [COLUMN], METHOD mean [over seeds 0,1] [COLUMN], "
-        "METHOD - REFERENCE [COLUMN])"
+        "not a form this checker reads (METHOD seed S [round R] [COLUMN], METHOD mean|interval [over seeds "
+        "0,1] [COLUMN], METHOD - REFERENCE [COLUMN], paper TABLE METHOD [column=value ...], default SETTING)"
     )
 
 
@@ -287,6 +291,47 @@ def problems(path: Path, root: Path) -> list[str]:
     return found
 
 
+def uncited(path: Path, root: Path) -> list[tuple[int, list[str]]]:
+    """The texts of ``path`` (blank-line separated; code blocks, comments and generated blocks
+    aside) that hold numbers of three or more decimals and neither cite their runs nor say they were
+    measured outside the committed results: (first line, those numbers) each."""
+    lines = path.read_text().splitlines()
+    found: list[tuple[int, list[str]]] = []
+    fenced = generated = commented = False
+    text: list[str] = []
+    start = 0
+
+    def close(following: str) -> None:
+        numbers = precise_numbers("\n".join(text))
+        if numbers and not following.startswith((OPENING, OUTSIDE)):
+            found.append((start + 1, numbers))
+
+    for index, line in enumerate([*lines, ""]):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if commented:
+            commented = "-->" not in line
+            continue
+        if line.startswith("<!--") and "generated by" in line:
+            generated = True
+        if generated:
+            generated = not line.startswith("<!-- end of the generated")
+            continue
+        if not line.strip() or line.startswith("<!--"):
+            if text:
+                close(line)
+            text = []
+            commented = line.startswith("<!--") and "-->" not in line
+            continue
+        if not text:
+            start = index
+        text.append(line)
+    return found
+
+
 #: The columns ``suggest`` looks in: a run's final values and their means, and accuracy and training
 #: loss round by round.
 SUGGESTED_COLUMNS = (
@@ -306,7 +351,7 @@ def suggest(path: Path, line: int, folder: Path, where: dict[str, str]) -> list[
     while end < len(lines) and lines[end].strip():
         end += 1
     text = "\n".join(lines[start:end])
-    rows = [row for row in _rows(folder) if all(row.get(key) == value for key, value in where.items())]
+    rows = [row for row in metrics_rows(folder) if all(row.get(key) == value for key, value in where.items())]
     candidates: list[tuple[str, float]] = []
     methods = sorted({row["method"] for row in rows})
     for method in methods:
@@ -353,49 +398,3 @@ def main(arguments: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-#: A text whose numbers were measured outside the committed results says so, and how to measure
-#: them again, in a comment right below it: ``<!-- outside: python benchmarks/x.py --out DIR -->``.
-OUTSIDE = "<!-- outside: "
-
-
-def uncited(path: Path, root: Path) -> list[tuple[int, list[str]]]:
-    """The texts of ``path`` (blank-line separated; code blocks, comments and generated blocks
-    aside) that hold numbers of three or more decimals and neither cite their runs nor say they were
-    measured outside the committed results: (first line, those numbers) each."""
-    lines = path.read_text().splitlines()
-    found: list[tuple[int, list[str]]] = []
-    fenced = generated = commented = False
-    text: list[str] = []
-    start = 0
-
-    def close(following: str) -> None:
-        numbers = precise_numbers("\n".join(text))
-        if numbers and not following.startswith((OPENING, OUTSIDE)):
-            found.append((start + 1, numbers))
-
-    for index, line in enumerate([*lines, ""]):
-        if line.startswith("```"):
-            fenced = not fenced
-            continue
-        if fenced:
-            continue
-        if commented:
-            commented = "-->" not in line
-            continue
-        if line.startswith("<!--") and "generated by" in line:
-            generated = True
-        if generated:
-            generated = not line.startswith("<!-- end of the generated")
-            continue
-        if not line.strip() or line.startswith("<!--"):
-            if text:
-                close(line)
-            text = []
-            commented = line.startswith("<!--") and "-->" not in line
-            continue
-        if not text:
-            start = index
-        text.append(line)
-    return found
