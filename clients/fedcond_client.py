@@ -48,7 +48,7 @@ from fedcond.models import Network, build_run_model, get_weights, set_weights
 from fedcond.newcomers import NEWCOMER_STEPS, step_indices
 from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy
 from fedcond.scenarios import drift_partners_of
-from fedcond.training import DpSgd, EvalResult, ProximalTerm, TrainSettings, evaluate, train, train_private
+from fedcond.training import DpSgd, EvalResult, LocalTerm, TrainSettings, evaluate, train, train_private
 
 #: Every DP mechanism this client ran on its training data (fedcond.privacy.PrivacyLedger), in its state.
 PRIVACY_LEDGER_KEY = "privacy-ledger"
@@ -126,15 +126,24 @@ class FedcondClient(NumPyClient):
             return self.fresh_model()
         return _reusable_model(self.run_config, self.data.num_classes, self.conditioned, threading.get_ident())
 
-    def stored_model(self, key: str) -> Network | None:
-        """A model this client keeps between rounds, in ``context.state`` or its ``client-state-dir``
-        files (None before the first save)."""
+    def stored_arrays(self, key: str) -> list[np.ndarray] | None:
+        """Arrays this client keeps between rounds (a model's, a control variate's), in
+        ``context.state`` or its ``client-state-dir`` files (None before the first save)."""
         if self.model_files is not None:
-            weights = self.model_files.get(key)
-        elif key in self.state.array_records:
-            weights = self.state.array_records[key].to_numpy_ndarrays()
+            return self.model_files.get(key)
+        if key in self.state.array_records:
+            return self.state.array_records[key].to_numpy_ndarrays()
+        return None
+
+    def store_arrays(self, key: str, arrays: list[np.ndarray]) -> None:
+        if self.model_files is not None:
+            self.model_files.put(key, arrays)
         else:
-            weights = None
+            self.state.array_records[key] = ArrayRecord(numpy_ndarrays=arrays)
+
+    def stored_model(self, key: str) -> Network | None:
+        """A model this client keeps between rounds (``stored_arrays``; None before the first save)."""
+        weights = self.stored_arrays(key)
         if weights is None:
             return None
         model = self.fresh_model()
@@ -142,10 +151,7 @@ class FedcondClient(NumPyClient):
         return model
 
     def store_model(self, key: str, model: Network) -> None:
-        if self.model_files is not None:
-            self.model_files.put(key, get_weights(model))
-        else:
-            self.state.array_records[key] = ArrayRecord(numpy_ndarrays=get_weights(model))
+        self.store_arrays(key, get_weights(model))
 
     def round_seed(self, round_config: dict[str, object]) -> int:
         """Batch-order seed of this client in this round: independent of scheduling, so reproducible."""
@@ -158,9 +164,10 @@ class FedcondClient(NumPyClient):
         model: Network,
         round_config: dict[str, object],
         settings: TrainSettings | None = None,
-        proximal: ProximalTerm | None = None,
+        term: LocalTerm | None = None,
     ) -> float:
         """Train ``model`` on this client's data in this round's batch order; the last epoch's mean loss.
+        ``term`` is what the method adds to each local step (``fedcond.training.LocalTerm``).
 
         With ``dp-noise-multiplier`` > 0, DP-SGD instead (random batches, see ``train_private``), its
         steps added to this client's privacy ledger.
@@ -171,13 +178,13 @@ class FedcondClient(NumPyClient):
             dp_sgd = DpSgd(self.privacy.noise_multiplier, self.privacy.max_grad_norm)
             loss = train_private(
                 model, self.data.train_x, self.data.train_y, condition, settings or self.train_settings, dp_sgd,
-                ledger, proximal,
+                ledger, term,
             )  # fmt: skip
             self.save_privacy_ledger(ledger)
             return loss
         return train(
             model, self.data.train_x, self.data.train_y, condition, settings or self.train_settings,
-            self.round_seed(round_config), proximal,
+            self.round_seed(round_config), term,
         )  # fmt: skip
 
     def evaluate_model(self, model: Network, round_config: dict[str, object]) -> Evaluated:
@@ -310,13 +317,14 @@ class FedcondClient(NumPyClient):
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         self.receive(self.model, parameters)
-        loss = self.train_locally(self.model, round_config, proximal=self.proximal_term(parameters))
+        loss = self.train_locally(self.model, round_config, term=self.local_term(parameters))
         if self.keeps_local_norm:
             self.state.array_records[LOCAL_NORM_KEY] = ArrayRecord(numpy_ndarrays=feature_norm.local_state(self.model))
         return get_weights(self.model), len(self.data.train_y), {TRAIN_LOSS: loss}
 
-    def proximal_term(self, parameters: list[np.ndarray]) -> ProximalTerm | None:
-        """A pull of the model being trained towards the model received (FedProx overrides it); none here."""
+    def local_term(self, parameters: list[np.ndarray]) -> LocalTerm | None:
+        """What this method adds to each local step of the model it received (FedProx's pull towards
+        it); nothing here."""
         return None
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:

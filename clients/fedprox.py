@@ -30,7 +30,7 @@ class FedProxClient(FedcondClient):
 
     options = (MU,)
 
-    def proximal_term(self, parameters: list[np.ndarray]) -> ProximalTerm | None:
+    def local_term(self, parameters: list[np.ndarray]) -> ProximalTerm | None:
         mu = MU.of(self.run_config)
         if mu == 0:  # no pull: FedAvg's client exactly, without a second model in memory
             return None

@@ -66,3 +66,29 @@ def array_from_bytes(payload: object, name: str, dtype: str = FLOAT64) -> np.nda
     if not isinstance(payload, bytes) or len(payload) % 8:
         raise FedcondError(f"'{name}' is missing or malformed; server and client run different fedcond versions")
     return np.frombuffer(payload, dtype=dtype).copy()
+
+
+#: In an instruction's config and in a reply's metrics: the names of the models its arrays hold, in
+#: order ("model,control"), where a method's message carries more than one (SCAFFOLD's [x, c]).
+PAYLOAD_PARTS = "payload-parts"
+
+
+def pack_parts(parts: dict[str, list[np.ndarray]]) -> tuple[list[np.ndarray], str]:
+    """Named models of one architecture as one flat list of arrays, and the ``PAYLOAD_PARTS`` value
+    that names them."""
+    if len({len(arrays) for arrays in parts.values()}) > 1:
+        raise ValueError(f"the parts {sorted(parts)} are not models of one architecture")
+    return [array for arrays in parts.values() for array in arrays], ",".join(parts)
+
+
+def unpack_parts(arrays: list[np.ndarray], names: object, expected: tuple[str, ...]) -> dict[str, list[np.ndarray]]:
+    """The named models of a message packed by ``pack_parts``: ``expected`` by name, whatever their
+    order; a message that holds other parts, or arrays that do not split into them, is refused."""
+    given = tuple(str(names).split(",")) if isinstance(names, str) and names else ()
+    if sorted(given) != sorted(expected) or len(arrays) % len(given):
+        raise FedcondError(
+            f"a message holds {', '.join(given) or 'no named parts'} in {len(arrays)} arrays where "
+            f"{', '.join(expected)} were expected; server and client run different fedcond versions"
+        )
+    size = len(arrays) // len(given)
+    return {name: arrays[index * size : (index + 1) * size] for index, name in enumerate(given)}

@@ -68,9 +68,28 @@ def laid_out(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return images.contiguous(memory_format=torch.channels_last) if channels_last else images
 
 
+class LocalTerm:
+    """What a method adds to its clients' local steps beyond the task's loss (FedProx's and Ditto's
+    pull, SCAFFOLD's correction). It reads the model and fixed tensors, never a sample, so under
+    DP-SGD its gradient goes in after the clipping and the noise and costs no privacy."""
+
+    def penalty(self, model: nn.Module) -> torch.Tensor | None:
+        """A term of the local objective, added to the task's loss (and to the loss reported) where
+        the loss is differentiated as a whole (plain SGD); None: the objective is the task's."""
+        return None
+
+    def add_gradient(self, model: nn.Module, with_penalty: bool) -> None:
+        """Called after each step's gradient is in, before the step: adds what the loss did not
+        carry, that is the penalty's gradient ``with_penalty`` (DP-SGD, whose per-sample clipping
+        must not see it) and any change of direction that is no term of the objective."""
+
+    def to(self, device: torch.device) -> None:
+        """Moves the tensors it holds to the model's device."""
+
+
 @dataclass(frozen=True)
-class ProximalTerm:
-    """Adds (strength / 2) * ||w - anchor||^2 to the task loss (Ditto's personal objective)."""
+class ProximalTerm(LocalTerm):
+    """Adds (strength / 2) * ||w - anchor||^2 to the task loss (FedProx's and Ditto's pull)."""
 
     anchor: nn.Module
     strength: float
@@ -81,6 +100,15 @@ class ProximalTerm:
             for own, fixed in zip(model.parameters(), self.anchor.parameters(), strict=True)
         ]
         return 0.5 * self.strength * torch.stack(squared).sum()
+
+    @torch.no_grad()
+    def add_gradient(self, model: nn.Module, with_penalty: bool) -> None:
+        if with_penalty:
+            for own, fixed in zip(model.parameters(), self.anchor.parameters(), strict=True):
+                own.grad.add_(own - fixed, alpha=self.strength)  # type: ignore[union-attr]
+
+    def to(self, device: torch.device) -> None:
+        self.anchor.to(device)
 
 
 @dataclass(frozen=True)
@@ -205,11 +233,12 @@ def train(
     condition: np.ndarray | None,
     settings: TrainSettings,
     seed: int,
-    proximal: ProximalTerm | None = None,
+    term: LocalTerm | None = None,
 ) -> float:
     """Train in place for ``settings.epochs`` with a fresh optimiser; return the last epoch's mean loss.
 
-    With ``proximal``, the objective is the task loss plus the proximal penalty (reported loss too).
+    With ``term``, each step also takes the method's local term (``LocalTerm``; its penalty is in
+    the reported loss too).
     ``condition`` is the client's fingerprint (d,) or, for pooled data, one row per sample (n, d).
 
     The batch order comes from ``seed`` alone, so a client's update does not depend on which Ray
@@ -217,15 +246,15 @@ def train(
     """
     device = pick_device()
     model.to(device)
-    if proximal is not None:
-        proximal.anchor.to(device)
+    if term is not None:
+        term.to(device)
     return run_epochs(
         model,
         new_optimiser(model, settings),
         (_tensor(images, device), _tensor(labels, device), _condition_tensor(condition, device)),
         settings,
         torch.Generator().manual_seed(seed),
-        proximal,
+        term,
     )
 
 
@@ -235,7 +264,7 @@ def run_epochs(
     data: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
     settings: TrainSettings,
     generator: torch.Generator,
-    proximal: ProximalTerm | None = None,
+    term: LocalTerm | None = None,
 ) -> float:
     """``settings.epochs`` epochs of mini-batch SGD over ``data`` = (images, labels, conditions) on the
     model's device, continuing ``optimiser`` (momentum) and ``generator`` (batch order) as they are:
@@ -258,13 +287,16 @@ def run_epochs(
             loss = task_loss(
                 model(laid_out(x[batch], settings.channels_last), batch_cond), y[batch], settings.regression
             )
-            if proximal is not None:
-                loss = loss + proximal.penalty(model)
+            penalty = term.penalty(model) if term is not None else None
+            if penalty is not None:
+                loss = loss + penalty
             if not torch.isfinite(loss):
                 raise FedcondError(
                     f"training loss became {loss.item()}; lower learning-rate (now {settings.learning_rate})"
                 )
             loss.backward()
+            if term is not None:
+                term.add_gradient(model, with_penalty=False)
             optimiser.step()
             total += loss.item() * len(batch)
             seen += len(batch)
@@ -289,7 +321,7 @@ def train_private(
     settings: TrainSettings,
     dp_sgd: DpSgd,
     ledger: PrivacyLedger,
-    proximal: ProximalTerm | None = None,
+    term: LocalTerm | None = None,
 ) -> float:
     """``train`` with DP-SGD through Opacus: Poisson-sampled batches (each sample joins each step with
     probability batch-size / n, the sampling Opacus's accountant assumes), per-sample clipping and
@@ -298,8 +330,8 @@ def train_private(
 
     ``condition`` is one fingerprint row (d,) (the client's, already DP when it depends on the data).
     The batches and the noise come from the operating system's entropy, not from a seed: whoever
-    knows the run's seed could otherwise undo them, so DP runs are not bit-reproducible. A proximal
-    term (Ditto) does not depend on the data: its gradient is added after the noise.
+    knows the run's seed could otherwise undo them, so DP runs are not bit-reproducible. A local
+    term (``LocalTerm``) does not depend on the data: its gradient is added after the noise.
     """
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
@@ -310,8 +342,8 @@ def train_private(
     device = pick_device()
     model.to(device).train()  # before Opacus checks the model (a reused model may come from evaluation)
     set_layout(model, settings.channels_last)
-    if proximal is not None:
-        proximal.anchor.to(device)
+    if term is not None:
+        term.to(device)
     x, y, cond = _tensor(images, device), _tensor(labels, device), _condition_tensor(condition, device)
     sampling = torch.Generator().manual_seed(secrets.randbits(63))
     loader = DataLoader(TensorDataset(x, y), batch_size=settings.batch_size, generator=sampling)
@@ -329,7 +361,7 @@ def train_private(
         with warnings.catch_warnings():
             # The first convolution's input needs no gradient: PyTorch notes that about Opacus's hooks.
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            epoch_loss = _private_epochs(model, optimiser, private_loader, cond, settings, proximal)
+            epoch_loss = _private_epochs(model, optimiser, private_loader, cond, settings, term)
     finally:
         # The model may be reused for plain evaluation or training in this process: no hooks, and
         # none of the last batch's inputs or sums Opacus leaves on modules and parameters.
@@ -349,7 +381,7 @@ def _private_epochs(
     loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
     cond: torch.Tensor | None,
     settings: TrainSettings,
-    proximal: ProximalTerm | None,
+    term: LocalTerm | None,
 ) -> float:
     """The epochs of ``train_private`` (``optimiser`` is Opacus's DPOptimizer); the last epoch's mean loss."""
     reuse_freed_buffers()
@@ -366,12 +398,10 @@ def _private_epochs(
                     f"training loss became {loss.item()}; lower learning-rate (now {settings.learning_rate})"
                 )
             loss.backward()
-            if proximal is None:
+            if term is None:
                 optimiser.step()
             elif optimiser.pre_step():  # type: ignore[attr-defined]  # clipped, noised, scaled
-                with torch.no_grad():  # then the data-free proximal gradient, and the plain SGD step
-                    for own, fixed in zip(model.parameters(), proximal.anchor.parameters(), strict=True):
-                        own.grad.add_(own - fixed, alpha=proximal.strength)
+                term.add_gradient(model, with_penalty=True)  # then the data-free term, and the plain SGD step
                 optimiser.original_optimizer.step()  # type: ignore[attr-defined]
             total += loss.item() * len(batch_y)
             seen += len(batch_y)

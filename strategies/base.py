@@ -203,6 +203,12 @@ class FedcondStrategy(Strategy):
     #: Whether ``combine`` needs only the sample-weighted mean of the returned models, so that each
     #: reply can be folded into it as it arrives (``fold_fit_replies``).
     combines_the_mean: ClassVar[bool] = False
+    #: The named models of a fit reply (``fedcond.messages.pack_parts``) where it carries more than
+    #: the trained model (SCAFFOLD's model and control change); empty: the model alone.
+    reply_parts: ClassVar[tuple[str, ...]] = ()
+    #: Whether each client's update is one model that the server averages into one global model:
+    #: what Flower's client-level DP wrappers clip and noise (``strategies/client_dp.py``).
+    averages_one_model: ClassVar[bool] = False
 
     def __init__(self, inputs: StrategyInputs) -> None:
         self.inputs = inputs

@@ -44,7 +44,6 @@ from fedcond.privacy import DP_DELTA, check_delta, gaussian_rounds_epsilon
 from fedcond.secagg_settings import SecureAggregation
 from fedcond.server_optimiser import is_plain_fedavg
 from strategies.base import FedcondStrategy
-from strategies.fedavg import FedcondFedAvg
 from strategies.round_tracking import Failures, answered_replies
 from strategies.sampling import clients_per_round
 from strategies.secagg_workflow import SecureSum
@@ -84,7 +83,7 @@ def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None, e
     if CLIENT_DP_CLIPPING_NORM.of(config) <= 0:
         raise FedcondError(f"client-dp-clipping-norm must be positive (got {CLIENT_DP_CLIPPING_NORM.of(config)})")
     check_delta(DP_DELTA.of(config))
-    if strategy is None or not issubclass(strategy, FedcondFedAvg):
+    if strategy is None or not strategy.averages_one_model:
         raise FedcondError(
             f"client-dp needs a server that averages one global model ({', '.join(eligible)}); "
             f"{config.method} does not: set client-dp=off"

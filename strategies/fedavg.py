@@ -37,6 +37,7 @@ class FedcondFedAvg(FedcondStrategy):
     serves_held_out_clients = True
     #: Its server needs only the sample-weighted mean of the returned models: SecAgg+ gives exactly that.
     secure_aggregation_refusal = None
+    averages_one_model = True
     options = OPTIONS
     #: The checkpoint's name for FedAvgM's velocity.
     VELOCITY = "server-velocity"

@@ -231,12 +231,10 @@ def held_out_methods() -> list[str]:
 def global_model_methods() -> list[str]:
     """The methods (named variants aside) whose server averages one global model: what Flower's DP
     wrappers clip and noise."""
-    from strategies.fedavg import FedcondFedAvg
-
     return [
         name
         for name, method in registry().items()
-        if not method.variant_of and method.strategy is not None and issubclass(method.strategy, FedcondFedAvg)
+        if not method.variant_of and method.strategy is not None and method.strategy.averages_one_model
     ]
 
 

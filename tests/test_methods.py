@@ -135,7 +135,7 @@ def test_ditto_personal_step_includes_the_proximal_pull():
 
     def distance_after(strength):
         personal = build_model((1, 8, 8), 3, 0, seed=9)
-        train(personal, images, labels, None, settings, seed=1, proximal=ProximalTerm(anchor, strength))
+        train(personal, images, labels, None, settings, seed=1, term=ProximalTerm(anchor, strength))
         return sum(np.sum((p - q) ** 2) for p, q in zip(get_weights(personal), get_weights(anchor), strict=True))
 
     start = sum(

@@ -390,7 +390,7 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     partitions now."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-    from fedcond.messages import CHOICE, TRAIN_LOSS
+    from fedcond.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
     from fedcond.scenarios import scenario_for
     from fedcond.server_optimiser import SERVER_MOMENTUM
     from strategies.base import StrategyInputs, initial_weights
@@ -410,12 +410,17 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     before.on_start()
     rng = np.random.default_rng(0)
     shapes = [array.shape for array in initial_weights(inputs)]
-    replies = [
-        (pid, FitRes(Status(Code.OK, ""), ndarrays_to_parameters([rng.normal(size=shape).astype(np.float32)
-                                                                  for shape in shapes]),
-                     10 + pid, {TRAIN_LOSS: 0.0, CHOICE: (pid + 1) % 2}))
-        for pid in range(4)
-    ]  # fmt: skip
+
+    def reply(pid: int) -> FitRes:
+        """A trained model (and whatever else the method's reply names) of random arrays."""
+        parts = {name: [rng.normal(size=shape).astype(np.float32) for shape in shapes]
+                 for name in strategy_class.reply_parts or ("model",)}  # fmt: skip
+        arrays, names = pack_parts(parts)
+        named = {PAYLOAD_PARTS: names} if strategy_class.reply_parts else {}
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 10 + pid,
+                      {TRAIN_LOSS: 0.0, CHOICE: (pid + 1) % 2, **named})  # fmt: skip
+
+    replies = [(pid, reply(pid)) for pid in range(4)]
     for pid in range(4):  # what each client is sent (pFedHN measures each update from it)
         before.fit_parameters(pid, None)
     before.combine(1, replies)
