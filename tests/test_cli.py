@@ -11,7 +11,7 @@ from tests.test_datasets import write_fake_mnist
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        (["method=scaffold"], "unknown method 'scaffold'"),
+        (["method=no-such-method"], "unknown method 'no-such-method'"),
         (["dataset=cifar7"], "unknown dataset 'cifar7'"),
         (["scenario=drift"], "unknown scenario 'drift'"),
         (["num-clusters=11"], "lower num-clusters"),
