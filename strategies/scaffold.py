@@ -1,0 +1,84 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020): the server averages the models as FedAvg does and keeps
+the federation's control variate c, which it sends beside the global model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+
+from fedcond.aggregation import Model, weighted_average
+from fedcond.messages import PAYLOAD_PARTS, pack_parts, unpack_parts
+from fedcond.participation import FIT
+from strategies.base import StrategyInputs
+from strategies.declaration import GLOBAL_NEWCOMER, Declaration, Facts
+from strategies.fedavg import FedcondFedAvg
+
+
+class ScaffoldStrategy(FedcondFedAvg):
+    """Algorithm 1, lines 13-17: x moves to the sample-weighted mean of the returned models (FedAvg's
+    weighting, where the paper's is uniform; ``server-learning-rate`` is its global step size eta_g,
+    and ``server-momentum`` applies as for FedAvg), and c += (|S| / N) * mean of the returned
+    changes of the clients' control variates, with S the clients that answered and N every
+    training client, so that c stays the mean of every client's c_i."""
+
+    secure_aggregation_refusal = "its server needs each client's control-variate change beside its model"
+    averages_one_model = False  # a reply is [y_i, change of c_i]: no DP wrapper may clip it as one vector
+    combines_the_mean = False
+    reply_parts = ("model", "control-change")
+    #: The checkpoint's name for the server's control variate.
+    CONTROL = "scaffold-control"
+
+    def __init__(self, inputs: StrategyInputs) -> None:
+        super().__init__(inputs)
+        self.control: Model = [np.zeros_like(array, dtype=np.float32) for array in self.initial]
+        #: This round's training instruction, built once for every client (None: build it anew).
+        self.sent: Parameters | None = None
+
+    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+        if self.sent is None:
+            self.sent = ndarrays_to_parameters(pack_parts({"model": self.current, "control": self.control})[0])
+        return self.sent
+
+    def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        return {**config, PAYLOAD_PARTS: "model,control"} if stage == FIT else config
+
+    def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
+        if not results:
+            return None
+        replies = [unpack_parts(parameters_to_ndarrays(res.parameters), res.metrics.get(PAYLOAD_PARTS),
+                                self.reply_parts) for _, res in results]  # fmt: skip
+        share = len(results) / len(self.training_partitions)
+        mean_change = weighted_average((reply["control-change"] for reply in replies), [1] * len(replies))
+        self.control = [(c + share * change).astype(np.float32)
+                        for c, change in zip(self.control, mean_change, strict=True)]  # fmt: skip
+        self.sent = None
+        models = (reply["model"] for reply in replies)
+        return self.stepped(weighted_average(models, [res.num_examples for _, res in results]))
+
+    def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
+        models, values = super().state()
+        models[self.CONTROL] = self.control
+        return models, values
+
+    def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
+        super().load_state(models, values)
+        self.control = list(models[self.CONTROL])
+        self.sent = None
+
+
+#: This method's one declaration: the method table finds it by this module's name.
+METHOD = Declaration(
+    "FedAvg with each client's local steps corrected by control variates",
+    ScaffoldStrategy,
+    Facts(
+        "trains the global model with each step's gradient corrected by c \u2212 c_i (the server's and its own "
+        "control variates), then updates c_i from its displacement (Karimireddy et al. 2020, option II; not in "
+        "the paper)", "FedAvg (sample-weighted) for the model; c += (answered / all) \u00b7 mean change of c_i",
+        "global model", "model and control variate, down and up: twice FedAvg's", *GLOBAL_NEWCOMER,
+        "nothing to do: the global model is every client's, and its c_i follows its new data as it trains",
+        server_state=True,
+    ),
+    competitor=True,
+)  # fmt: skip
