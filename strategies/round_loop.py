@@ -1,5 +1,7 @@
-"""Flower's own round loop, saving the run's checkpoint after rounds (``checkpoint_due``) and numbering rounds on
-from the last finished one when a run is resumed; with secure aggregation, SecAgg+'s fit step."""
+"""The run's round loop: one round from start to end in ``CheckpointingServer.run_round``, on Flower's
+message passing (``Server.fit_round`` / ``evaluate_round``); rounds numbered on from the last
+finished one when a run is resumed, the checkpoint saved after rounds (``checkpoint_due``); with
+secure aggregation, SecAgg+'s fit step."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 from flwr.common import Parameters, Scalar, parameters_to_ndarrays
 from flwr.server import Server, SimpleClientManager
+from flwr.server.history import History
 
 from fedcond.checkpoint import CHECKPOINT_FILE, GLOBAL_MODEL, Checkpoint, checkpoint_due, save_checkpoint
 from fedcond.errors import FedcondError
@@ -18,13 +21,9 @@ from strategies.client_dp import ClientSideClientDp, ServerSideClientDp
 
 
 class CheckpointingServer(Server):
-    """``flwr.server.Server`` whose rounds are numbered after ``rounds_before`` (those a resumed run
-    finished before) and which replaces the run's checkpoint after each round's evaluation.
-
-    Flower's ``Server.fit`` loop runs unchanged (``num_rounds`` = the rounds still to go): only the
-    number each round passes to the strategy is shifted, so that clients see the real round (their
-    batch order depends on it) and the history goes on where it stopped. Flower's own log still
-    counts its loop from 1.
+    """``flwr.server.Server`` whose loop (``fit``) runs ``run_round`` for the rounds still to go,
+    numbered after ``rounds_before`` (those a resumed run finished before), so that clients see the
+    real round (their batch order depends on it) and the history goes on where it stopped.
 
     With ``secure-aggregation = "secaggplus"`` each round's fit step is Flower's ``SecAggPlusWorkflow``
     instead of ``Server.fit_round`` (``secure_fit_round``), as ``DefaultWorkflow`` would run it with
@@ -56,11 +55,51 @@ class CheckpointingServer(Server):
         super().set_max_workers(max_workers)
         self.fedcond_strategy.max_workers = max_workers  # for messages a strategy sends itself
 
-    def fit_round(self, server_round: int, timeout: float | None) -> Any:
-        number = server_round + self.rounds_before
+    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        """The run (what Flower's ``start_grid`` calls): the initial parameters, then each round."""
+        history = History()
+        self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
+        start = time.perf_counter()
+        for number in range(self.rounds_before + 1, self.rounds_before + num_rounds + 1):
+            self.run_round(number, timeout, history)
+        return history, time.perf_counter() - start
+
+    def run_round(self, number: int, timeout: float | None, history: History) -> None:
+        """Round ``number`` from start to end; each step is one call of the served strategy (the
+        method's ``FedcondStrategy``, or Flower's DP wrapper around it).
+
+        1. Sample and instruct: ``configure_fit`` draws the round's clients (``clients-per-round``)
+           and gives each its parameters (``fit_parameters``) and settings (``instruction_config``).
+        2. Collect: Flower sends the instructions and waits for the replies (``fit_clients``), or,
+           under secure aggregation, SecAgg+'s protocol returns only their sum.
+        3. Failure policy, then combine: ``aggregate_fit`` applies the policy (``min-answered-fraction``
+           and the time limits) and the method's ``combine`` makes the new global parameters.
+        4. Evaluate: each client scores the new model on its own test set (``configure_evaluate``,
+           ``aggregate_evaluate``). With ``evaluate-in-fit`` (one message per client per round)
+           there is no evaluate message: the next round's instruction carries the model and its
+           reply carries the score, so round r's scores arrive in round r + 1 and its record is
+           completed there (``RoundTracker.complete_pending``, the one place that does it); the last
+           round ends with an evaluate message.
+        5. Record: ``end_round`` closes the round's history row (or leaves it pending, as above).
+        6. Checkpoint: the strategy's state and the global model (``checkpoint-every``), only after
+           the round's row, so that an error above leaves the last good checkpoint.
+        """
         if self.fedcond_strategy.secure.model_updates:
-            return self.secure_fit_round(number)
-        return super().fit_round(number, timeout)
+            fitted = self.secure_fit_round(number)
+        else:
+            fitted = super().fit_round(number, timeout)
+        if fitted is not None:
+            parameters, fit_metrics, _ = fitted
+            if parameters:
+                self.parameters = parameters
+            history.add_metrics_distributed_fit(server_round=number, metrics=fit_metrics)
+        evaluated = super().evaluate_round(number, timeout)
+        if evaluated is not None and evaluated[0] is not None:
+            history.add_loss_distributed(server_round=number, loss=evaluated[0])
+            history.add_metrics_distributed(server_round=number, metrics=evaluated[1])
+        self.fedcond_strategy.end_round(number)
+        if checkpoint_due(self.fedcond_strategy.inputs.config, number):
+            self.save_checkpoint(number)
 
     def secure_fit_round(self, number: int) -> tuple[Parameters | None, dict[str, Scalar], tuple[list, list]]:
         """One fit step through SecAgg+: the served strategy's instructions go out as the protocol's
@@ -76,14 +115,6 @@ class CheckpointingServer(Server):
             float(strategy.inputs.largest_training_set),
         )  # fmt: skip
         return self.served.aggregate_secure_fit(number, outcome), {}, ([], [])
-
-    def evaluate_round(self, server_round: int, timeout: float | None) -> Any:
-        number = server_round + self.rounds_before
-        result = super().evaluate_round(number, timeout)
-        self.fedcond_strategy.end_round(number)
-        if checkpoint_due(self.fedcond_strategy.inputs.config, number):
-            self.save_checkpoint(number)  # only after the round's history row: an error above skips it
-        return result
 
     def save_checkpoint(self, number: int) -> None:
         start = time.perf_counter()
