@@ -318,9 +318,14 @@ class FedcondClient(NumPyClient):
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         self.receive(self.model, parameters)
         loss = self.train_locally(self.model, round_config, term=self.local_term(parameters))
+        self.keep_local_norm()
+        return get_weights(self.model), len(self.data.train_y), {TRAIN_LOSS: loss}
+
+    def keep_local_norm(self) -> None:
+        """After training: a client that keeps its own batch-norm layers stores them (``receive``
+        puts them back next round)."""
         if self.keeps_local_norm:
             self.state.array_records[LOCAL_NORM_KEY] = ArrayRecord(numpy_ndarrays=feature_norm.local_state(self.model))
-        return get_weights(self.model), len(self.data.train_y), {TRAIN_LOSS: loss}
 
     def local_term(self, parameters: list[np.ndarray]) -> LocalTerm | None:
         """What this method adds to each local step of the model it received (FedProx's pull towards

@@ -87,6 +87,7 @@ class ScaffoldClient(FedcondClient):
         own = self.stored_arrays(OWN_CONTROL) or [np.zeros_like(array, dtype=np.float32) for array in x]
         correction = ControlCorrection(self.model, server, own)
         loss = self.train_locally(self.model, round_config, term=correction)
+        self.keep_local_norm()
         trained = get_weights(self.model)
         settings = self.train_settings
         new_own = updated_control(own, server, x, trained, correction.steps, settings.learning_rate,
