@@ -28,6 +28,8 @@ class ControlCorrection(LocalTerm):
 
     def __init__(self, model: nn.Module, server: list[np.ndarray], own: list[np.ndarray]) -> None:
         trained = dict(model.named_parameters())
+        #: Which entries of the ``state_dict`` are trained parameters (the rest are buffers).
+        self.trained = [name in trained for name in model.state_dict()]
         self.corrections = {
             name: torch.from_numpy(np.asarray(c - c_own, dtype=np.float32))
             for name, c, c_own in zip(model.state_dict(), server, own, strict=True)
@@ -57,16 +59,16 @@ def step_weight(steps: int, momentum: float) -> float:
 
 def updated_control(
     own: list[np.ndarray], server: list[np.ndarray], received: list[np.ndarray], trained: list[np.ndarray],
-    steps: int, learning_rate: float, momentum: float,
+    is_parameter: list[bool], steps: int, learning_rate: float, momentum: float,
 ) -> list[np.ndarray]:  # fmt: skip
     """Algorithm 1, line 12, option II: c_i+ = c_i - c + (x - y_i) / (K * learning rate), with K the
     steps' weight (``step_weight``): the mean gradient of this client's steps, without another pass
-    over its data. Zero for buffers (running statistics are no gradient steps)."""
+    over its data. Zero for buffers (running statistics move by no gradient step)."""
     scale = 1.0 / (step_weight(steps, momentum) * learning_rate) if steps else 0.0
     return [
         (c_own - c + (x.astype(np.float32) - y.astype(np.float32)) * scale).astype(np.float32)
-        if np.issubdtype(x.dtype, np.floating) else np.zeros_like(c_own)
-        for c_own, c, x, y in zip(own, server, received, trained, strict=True)
+        if parameter else np.zeros_like(c_own)
+        for c_own, c, x, y, parameter in zip(own, server, received, trained, is_parameter, strict=True)
     ]  # fmt: skip
 
 
@@ -90,8 +92,8 @@ class ScaffoldClient(FedcondClient):
         self.keep_local_norm()
         trained = get_weights(self.model)
         settings = self.train_settings
-        new_own = updated_control(own, server, x, trained, correction.steps, settings.learning_rate,
-                                  settings.momentum)  # fmt: skip
+        new_own = updated_control(own, server, x, trained, correction.trained, correction.steps,
+                                  settings.learning_rate, settings.momentum)  # fmt: skip
         self.store_arrays(OWN_CONTROL, new_own)
         change = [after - before for after, before in zip(new_own, own, strict=True)]
         arrays, names = pack_parts({"model": trained, "control-change": change})

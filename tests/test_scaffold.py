@@ -40,10 +40,27 @@ def test_the_control_update_recovers_a_constant_task_gradient_under_momentum(mom
         correction.add_gradient(model, with_penalty=False)
         optimiser.step()
     trained = [value.detach().numpy().copy() for value in model.state_dict().values()]
-    new_own = updated_control(own, server, received, trained, correction.steps, 0.01, momentum)
+    new_own = updated_control(own, server, received, trained, correction.trained, correction.steps, 0.01, momentum)
     assert correction.steps == 25
     for estimate, gradient in zip(new_own, task_gradient, strict=True):
         np.testing.assert_allclose(estimate, gradient, rtol=1e-3, atol=1e-4)
+
+
+def test_batch_norm_buffers_get_no_control_variate():
+    """Running statistics move without a gradient step: their entries of c_i stay zero."""
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    received = [value.detach().numpy().copy() for value in model.state_dict().values()]
+    zeros = [np.zeros_like(array, dtype=np.float32) for array in received]
+    correction = ControlCorrection(model, zeros, zeros)
+    model(torch.randn(8, 3))  # moves the running mean and variance
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    trained = [value.detach().numpy().copy() for value in model.state_dict().values()]
+    new_own = updated_control(zeros, zeros, received, trained, correction.trained, 1, 0.01, 0.0)
+    names = list(model.state_dict())
+    assert names.index("1.running_mean") and not correction.trained[names.index("1.running_mean")]
+    for name, control in zip(names, new_own, strict=True):
+        assert np.any(control != 0) == (name == "0.weight"), name
 
 
 def test_step_weight_is_the_plain_step_count_without_momentum_and_more_with_it():
