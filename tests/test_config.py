@@ -98,8 +98,8 @@ def test_method_options_refuse_non_finite_numbers():
 
 
 def test_unknown_method_dataset_and_scenario():
-    with pytest.raises(FedcondError, match=r"unknown method 'scaffold'; choose one of .*fedavg"):
-        get_method("scaffold")
+    with pytest.raises(FedcondError, match=r"unknown method 'no-such-method'; choose one of .*fedavg"):
+        get_method("no-such-method")
     with pytest.raises(FedcondError, match="unknown dataset 'cifar7'"):
         validate_without_data(RunConfig(dataset="cifar7"))
     with pytest.raises(FedcondError, match="unknown scenario 'drift'"):
