@@ -64,7 +64,10 @@ def precise_numbers(text: str) -> list[str]:
 
 #: A method is one word, or a grid label with spaces in double quotes ("CFL (eps 0.4)").
 _NAME = r'(?:"[^"]+"|\S+)'
-_RUN = re.compile(rf"^(?P<method>{_NAME}) seed (?P<seed>\S+)(?: round (?P<round>\d+))?(?: (?P<column>[a-z_]+))?$")
+_RUN = re.compile(
+    rf"^(?P<method>{_NAME}) seed (?P<seed>\S+)"
+    r"(?: round (?P<round>\d+)| rounds (?P<first>\d+)-(?P<last>\d+))?(?: (?P<column>[a-z_]+))?$"
+)
 _OVER_SEEDS = re.compile(
     rf"^(?P<method>{_NAME}) (?P<kind>mean|interval)(?: over seeds (?P<seeds>\d+(?:,\d+)*))?(?: (?P<column>[a-z_]+))?$"
 )
@@ -189,6 +192,14 @@ def measured(block: Block, citation: Citation) -> str | None:
     if match := _RUN.match(citation.source):
         side = Side(_named(match["method"]), {**block.where, "seed": match["seed"]})
         column = match["column"] or "accuracy"
+        if match["first"]:  # the mean of a run's rounds first..last (a single seed's rounds swing)
+            rounds = range(int(match["first"]), int(match["last"]) + 1)
+            by_round = [list(final_by_seed(rows, Side(side.method, {**side.where, "round": str(number)}),
+                                           column).values()) for number in rounds]  # fmt: skip
+            if not rounds or not all(by_round):
+                return f"the run has not every round of {match['first']}-{match['last']}"
+            mean = float(np.mean([values[0] for values in by_round]))
+            return None if _same(citation.quoted, mean) else f"the run gives {mean:.6g}"
         if match["round"]:
             side = Side(side.method, {**side.where, "round": match["round"]})
         values = list(final_by_seed(rows, side, column).values())
@@ -226,8 +237,9 @@ def measured(block: Block, citation: Citation) -> str | None:
             return None
         return f"the runs give {mean:+.4f} ± {half:.4f} points ({len(seeds)} seeds)"
     return (
-        "not a form this checker reads (METHOD seed S [round R] [COLUMN], METHOD mean|interval [over seeds "
-        "0,1] [COLUMN], METHOD - REFERENCE [COLUMN], paper TABLE METHOD [column=value ...], default SETTING)"
+        "not a form this checker reads (METHOD seed S [round R | rounds A-B] [COLUMN], METHOD mean|interval "
+        "[over seeds 0,1] [COLUMN], METHOD - REFERENCE [COLUMN], paper TABLE METHOD [column=value ...], "
+        "default SETTING)"
     )
 
 
