@@ -27,6 +27,8 @@ class ScaffoldStrategy(FedcondFedAvg):
     averages_one_model = False  # a reply is [y_i, change of c_i]: no DP wrapper may clip it as one vector
     combines_the_mean = False
     reply_parts = ("model", "control-change")
+    #: The named models of a training instruction: the global model x and the server's control c.
+    SENT_PARTS = ("model", "control")
     #: The checkpoint's name for the server's control variate.
     CONTROL = "scaffold-control"
 
@@ -38,11 +40,12 @@ class ScaffoldStrategy(FedcondFedAvg):
 
     def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
         if self.sent is None:
-            self.sent = ndarrays_to_parameters(pack_parts({"model": self.current, "control": self.control})[0])
+            arrays, _ = pack_parts(dict(zip(self.SENT_PARTS, (self.current, self.control), strict=True)))
+            self.sent = ndarrays_to_parameters(arrays)
         return self.sent
 
     def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        return {**config, PAYLOAD_PARTS: "model,control"} if stage == FIT else config
+        return {**config, PAYLOAD_PARTS: ",".join(self.SENT_PARTS)} if stage == FIT else config
 
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         if not results:

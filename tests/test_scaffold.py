@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import csv
-
 import numpy as np
 import pytest
 import torch
@@ -14,7 +12,9 @@ from torch import nn
 from clients.scaffold import ControlCorrection, step_weight, updated_control
 from fedcond.errors import FedcondError
 from fedcond.messages import PAYLOAD_PARTS, TRAIN_LOSS, pack_parts, unpack_parts
+from fedcond.participation import FIT
 from fedcond.scenarios import scenario_for
+from fedcond.tools.experiment import read_history
 from fedcond.tools.simulation import simulate
 from fedcond.training import MomentumSGD
 from strategies.base import StrategyInputs
@@ -89,8 +89,8 @@ def test_the_server_moves_c_by_the_answered_share_of_the_mean_change_and_x_to_th
     new_global = server.combine(1, answered)
     assert all(np.allclose(c, 0.5 * (4.0 + 12.0) / 2) for c in server.control)  # 2/4 x the unweighted mean change
     assert all(np.allclose(x, (0 * 10 + 2 * 30) / 40) for x in parameters_to_ndarrays(new_global))
-    sent = unpack_parts(list(parameters_to_ndarrays(server.fit_parameters(1, new_global))), "model,control",
-                        ("model", "control"))  # fmt: skip
+    sent = unpack_parts(list(parameters_to_ndarrays(server.fit_parameters(1, new_global))),
+                        server.instruction_config(FIT, 1, {})[PAYLOAD_PARTS], ("model", "control"))  # fmt: skip
     assert all(np.allclose(c, 4.0) for c in sent["control"]) and all(np.allclose(x, 1.5) for x in sent["model"])
 
 
@@ -115,11 +115,6 @@ def test_what_scaffold_cannot_serve_is_refused_before_anything_starts(settings, 
         check_run(run_config({"method": "scaffold", **settings}).resolved())
 
 
-def final_rows(folder) -> list[dict[str, str]]:
-    with (folder / "history.csv").open() as handle:
-        return list(csv.DictReader(handle))
-
-
 @pytest.mark.slow
 def test_round_one_is_fedavgs_and_the_corrections_change_what_follows(tmp_path, one_thread):
     """Every control variate starts at zero, so round 1 trains exactly as FedAvg; from round 2 on the
@@ -130,7 +125,7 @@ def test_round_one_is_fedavgs_and_the_corrections_change_what_follows(tmp_path, 
                              "data-fraction": 0.5, "results-dir": str(tmp_path), "run-name": method,
                              "verbose": False})  # fmt: skip
         simulate(config)
-        rows[method] = final_rows(tmp_path / method)
+        rows[method] = read_history(tmp_path / method / "history.csv")
     fedavg, scaffold = rows["fedavg"], rows["scaffold"]
     assert scaffold[0]["accuracy"] == fedavg[0]["accuracy"] and scaffold[0]["train_loss"] == fedavg[0]["train_loss"]
     assert scaffold[1]["train_loss"] != fedavg[1]["train_loss"]
