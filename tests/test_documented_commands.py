@@ -2,7 +2,7 @@
 
 Commands are read from fenced code blocks and inline code of the Markdown files, and from comments of
 the TOML files. Those that would train run with ``--dry-run`` (every setting checked, the plan
-printed, nothing started); the rest run for real in a copy of ``experiments/``: ``list``,
+printed, nothing started, nothing written); the rest run for real in a copy of ``experiments/``: ``list``,
 ``export-partitions`` (digits), ``report`` of a committed results folder (whose regenerated tables
 must equal the committed ones) and ``reproduction`` (whose output must equal the committed
 ``REPRODUCTION.md`` byte for byte). A ``report`` of a folder a documented ``compare`` or ``sweep``
@@ -103,21 +103,41 @@ def produced_by_a_documented_command(document: str, folder: str) -> bool:
 RUN_STATE = ("checkpoint.pt", "*.log")
 
 
-@pytest.fixture
-def copy_of_the_experiments(tmp_path, monkeypatch):
+#: Commands that write into the checkout (a report's tables, a reproduction, exported partitions): each
+#: gets a copy of its own. The others read only, and share one copy per test process: 1,500 files copied
+#: and removed again for each of 150 commands cost minutes and GBs of the suite's temporary folder.
+WRITES = ("report", "reproduction", "export-partitions")
+
+
+def _copy_the_checkout_into(folder: Path) -> Path:
     """Commands run where a user types them, the checkout's root: here a copy of what they read.
     Without the runs' checkpoints, which no documented command reads (a --dry-run plans from run.json):
-    a checkout that has run the sweeps holds hundreds of MB of them, copied once per command."""
-    shutil.copytree(ROOT / "experiments", tmp_path / "experiments", ignore=shutil.ignore_patterns(*RUN_STATE))
-    shutil.copy(ROOT / "README.md", tmp_path / "README.md")  # the reproduction rewrites its verdict lines
-    monkeypatch.chdir(tmp_path)
-    # A Flower home of its own: `fedcond stop-superlink` must not end the user's local SuperLink.
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
-    return tmp_path
+    a checkout that has run the sweeps holds hundreds of MB of them."""
+    shutil.copytree(ROOT / "experiments", folder / "experiments", ignore=shutil.ignore_patterns(*RUN_STATE))
+    shutil.copy(ROOT / "README.md", folder / "README.md")  # the reproduction rewrites its verdict lines
+    return folder
+
+
+def _state_of(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.fixture(scope="session")
+def shared_copy(tmp_path_factory) -> Path:
+    return _copy_the_checkout_into(tmp_path_factory.mktemp("checkout"))
+
+
+def _where_it_runs(command: str, shared_copy: Path, tmp_path: Path) -> Path:
+    return _copy_the_checkout_into(tmp_path) if shlex.split(command)[1] in WRITES else shared_copy
 
 
 @pytest.mark.parametrize(("document", "command"), DOCUMENTED, ids=[f"{d}: {c}" for d, c in DOCUMENTED])
-def test_a_documented_command_runs_as_written(document, command, copy_of_the_experiments, capsys):
+def test_a_documented_command_runs_as_written(document, command, shared_copy, tmp_path, monkeypatch, capsys):
+    checkout = _where_it_runs(command, shared_copy, tmp_path)
+    monkeypatch.chdir(checkout)
+    # A Flower home of its own: `fedcond stop-superlink` must not end the user's local SuperLink.
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    before = _state_of(checkout)
     words = shlex.split(command)[1:]
     subcommand = words[0]
     if subcommand in TRAINS:
@@ -125,7 +145,7 @@ def test_a_documented_command_runs_as_written(document, command, copy_of_the_exp
     elif subcommand == "settings" and "--write" in words:
         words.remove("--write")  # it would write the checkout's files: test_config keeps them generated
     elif subcommand == "export-partitions":
-        words[words.index("--out") + 1] = str(copy_of_the_experiments / "partitions")
+        words[words.index("--out") + 1] = str(checkout / "partitions")
     elif subcommand == "report":
         folder = words[1]
         if not Path(folder).is_dir():
@@ -134,6 +154,8 @@ def test_a_documented_command_runs_as_written(document, command, copy_of_the_exp
     status = main(words)
     printed = capsys.readouterr()
     assert status == 0, printed.err
+    if subcommand not in WRITES:  # a dry run, a list, the settings: nothing written where they ran
+        assert _state_of(checkout) == before, f"{command} wrote into the checkout"
     if subcommand == "report":  # the committed tables are what their data says
         for name in ("summary.md", "tables.md"):
             committed = ROOT / words[1] / name
