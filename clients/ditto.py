@@ -8,7 +8,6 @@ import numpy as np
 
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.config import Option
-from fedcond.model_store import CLIENT_STATE_DIR
 from fedcond.models import set_weights
 from fedcond.training import ProximalTerm
 
@@ -23,7 +22,7 @@ class DittoClient(FedcondClient):
     model as FedAvg does and return it. Evaluation uses the personal model.
     """
 
-    options = (LAMBDA, PERSONAL_EPOCHS, CLIENT_STATE_DIR)
+    options = (LAMBDA, PERSONAL_EPOCHS)
     state_lost_on_resume = "each client's personal model (trained again from the initial model)"
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:

@@ -312,8 +312,9 @@ class FedcondClient(NumPyClient):
         """Load the model a message brings into ``model``; a client that keeps its own batch-norm
         layers puts them back in place of the received ones (from its second round on)."""
         set_weights(model, parameters)
-        if self.keeps_local_norm and LOCAL_NORM_KEY in self.state.array_records:
-            feature_norm.load_local_state(model, self.state.array_records[LOCAL_NORM_KEY].to_numpy_ndarrays())
+        kept = self.stored_arrays(LOCAL_NORM_KEY) if self.keeps_local_norm else None
+        if kept is not None:
+            feature_norm.load_local_state(model, kept)
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         self.receive(self.model, parameters)
@@ -325,7 +326,7 @@ class FedcondClient(NumPyClient):
         """After training: a client that keeps its own batch-norm layers stores them (``receive``
         puts them back next round)."""
         if self.keeps_local_norm:
-            self.state.array_records[LOCAL_NORM_KEY] = ArrayRecord(numpy_ndarrays=feature_norm.local_state(self.model))
+            self.store_arrays(LOCAL_NORM_KEY, feature_norm.local_state(self.model))
 
     def local_term(self, parameters: list[np.ndarray]) -> LocalTerm | None:
         """What this method adds to each local step of the model it received (FedProx's pull towards

@@ -6,7 +6,6 @@ import numpy as np
 
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.messages import TRAIN_LOSS
-from fedcond.model_store import CLIENT_STATE_DIR
 from fedcond.models import Network
 
 LOCAL_MODEL = "local-model"
@@ -14,8 +13,6 @@ LOCAL_MODEL = "local-model"
 
 class LocalClient(FedcondClient):
     """Ignores what the server sends (nothing) and returns no weights."""
-
-    options = (CLIENT_STATE_DIR,)
 
     state_lost_on_resume = "each client's own model (trained again from the initial model)"
 

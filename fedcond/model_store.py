@@ -33,8 +33,9 @@ Model = list[np.ndarray]
 CLIENT_STATE_DIR = Option(
     "client-state-dir",
     "",
-    "folder where each client keeps its own models between rounds (a subfolder per Flower run and partition) "
-    "instead of Flower's in-memory context.state; for simulations of thousands of clients (a node config "
+    "folder where each client keeps what it holds between rounds (its own model, batch-norm layers or control "
+    "variate; a subfolder per Flower run and partition) instead of Flower's in-memory context.state; for "
+    "simulations of thousands of clients (a node config "
     "client-state-dir overrides it on that node)",
 )
 CLIENT_MODELS_MEMORY_MB = Option(

@@ -22,6 +22,7 @@ from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import CHECKPOINT_EVERY, RESUME
 from fedcond.live_curves import LIVE_CURVES
+from fedcond.model_store import CLIENT_STATE_DIR
 from fedcond.pooled import POOLED_METHODS, not_a_federation
 from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SharedOptions
 from fedcond.variants import VARIANTS, client_path, with_variant_settings
@@ -87,9 +88,12 @@ class Method:
 
     @property
     def options(self) -> tuple[Option, ...]:
-        """The method's own settings and, for a federated method, the round protocol's."""
+        """The method's own settings and, for a federated method, the round protocol's. A client that
+        keeps arrays between rounds (``state_lost_on_resume``) can keep them in files instead of
+        Flower's in-memory ``context.state``: ``client-state-dir``."""
         own = tuple(option for part in (self.client, self.strategy) if part is not None for option in part.options)
-        return own + (self.strategy.protocol_options if self.strategy is not None else ())
+        keeps = (CLIENT_STATE_DIR,) if self.state_lost_on_resume else ()
+        return own + keeps + (self.strategy.protocol_options if self.strategy is not None else ())
 
     @property
     def state_lost_on_resume(self) -> str:

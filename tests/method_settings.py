@@ -1,12 +1,13 @@
 """What the tests that run every method add for a method that cannot run on their small digits
 federation (``Declaration.test_settings``; FedBN needs a network with batch norm), with the data such
-a dataset needs written under the test's folder: made-up images, nothing downloaded."""
+a dataset needs written under the test's folder: made-up images, nothing downloaded; and the methods
+a test covers, found by what they declare rather than named by hand."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from strategies.registry import get_method
+from strategies.registry import get_method, registry
 
 
 def method_test_settings(method: str, folder: Path) -> dict[str, object]:
@@ -23,3 +24,13 @@ def method_test_settings(method: str, folder: Path) -> dict[str, object]:
     elif dataset != "digits":
         raise ValueError(f"no test data for {dataset}: write a tiny folder of it here, as for cifar10")
     return settings
+
+
+def peer_to_peer_methods() -> list[str]:
+    """Every method whose clients exchange models with each other (the server simulates the exchange)."""
+    return [name for name, method in registry().items() if method.strategy and method.strategy.peer_to_peer]
+
+
+def methods_keeping_client_state() -> list[str]:
+    """Every method (variants aside) whose client keeps arrays between rounds (``state_lost_on_resume``)."""
+    return [name for name, method in registry().items() if method.state_lost_on_resume and not method.variant_of]

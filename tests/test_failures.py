@@ -52,6 +52,7 @@ from strategies.base import EMPTY, FedcondStrategy, StrategyInputs
 from strategies.federation import classify_failure, failure_reason
 from strategies.membership import Membership
 from strategies.registry import get_method, run_config
+from tests.method_settings import peer_to_peer_methods
 
 Reply = Callable[[int], FitRes]
 
@@ -378,12 +379,6 @@ def test_ifca_client_evaluates_the_model_it_would_choose_when_given_all():
     broken[-1] = np.array([50.0] + [0.0] * (len(broken[-1]) - 1), dtype=np.float32)  # always predicts class 0
     chosen = broken if np.all(client.data.train_y == 0) else good
     assert client.evaluate([*broken, *good], {"server-round": 1}) == client.evaluate(chosen, {"server-round": 1})
-
-
-def peer_to_peer_methods() -> list[str]:
-    from strategies.registry import registry
-
-    return [name for name, method in registry().items() if method.strategy and method.strategy.peer_to_peer]
 
 
 @pytest.mark.parametrize("method", peer_to_peer_methods())

@@ -1,5 +1,6 @@
-"""Per-client models outside memory: the server's spilled copies (Gossip, DAC) and each client's
-own files (Ditto, Local) compute what the in-memory protocol computes, and hold what they say."""
+"""Per-client models outside memory: the server's spilled copies (the peer-to-peer methods') and each
+client's own files (every method whose client keeps arrays between rounds) compute what the in-memory
+protocol computes, and hold what they say."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from fedcond.model_store import SPILL_FOLDER, SpillingModels
 from fedcond.tools.in_process import InProcessNode, run_in_process
+from tests.method_settings import methods_keeping_client_state, peer_to_peer_methods
 from tests.test_one_message import PROTOCOL_COLUMNS, config_for, history
 
 
@@ -48,7 +50,7 @@ def test_without_a_folder_every_model_stays_in_memory():
     assert len(store.in_memory) == 3 and not store.on_disk
 
 
-@pytest.mark.parametrize("method", ["gossip", "dac"])
+@pytest.mark.parametrize("method", peer_to_peer_methods())
 def test_a_peer_method_spilling_every_model_computes_what_it_computes_in_memory(tmp_path, method):
     histories = []
     for memory_mb in (1024, 0):
@@ -63,7 +65,7 @@ def test_a_peer_method_spilling_every_model_computes_what_it_computes_in_memory(
     assert histories[0] == histories[1]
 
 
-@pytest.mark.parametrize("method", ["ditto", "local"])
+@pytest.mark.parametrize("method", methods_keeping_client_state())
 def test_a_client_keeping_its_models_in_files_computes_what_it_computes_in_context_state(tmp_path, monkeypatch, method):
     contexts: list[InProcessNode] = []
     original = InProcessNode.__init__
@@ -83,11 +85,12 @@ def test_a_client_keeping_its_models_in_files_computes_what_it_computes_in_conte
         kept_in_memory = [node for node in contexts if node.context.state.array_records]
         assert len(kept_in_memory) == (0 if settings else 4)
     assert histories[0] == histories[1]
-    # One folder per Flower run (in-process: run 0) and partition, one file per kept model.
-    assert sorted(path.relative_to(state_dir).as_posix() for path in state_dir.rglob("*.npz")) == [
-        f"run-0/partition-{pid}/{'ditto-personal-model' if method == 'ditto' else 'local-model'}.npz"
-        for pid in range(4)
-    ]
+    # One folder per Flower run (in-process: run 0) and training partition, the same files in each.
+    kept = {pid: sorted(p.name for p in (state_dir / "run-0" / f"partition-{pid}").glob("*.npz")) for pid in range(4)}
+    assert kept[0] and all(names == kept[0] for names in kept.values()), kept
+    assert sorted(path.relative_to(state_dir).parts[1] for path in state_dir.rglob("*.npz")) == sorted(
+        f"partition-{pid}" for pid in range(4) for _ in kept[0]
+    )
 
 
 def test_the_server_app_removes_a_finished_runs_client_state(tmp_path: Path):
