@@ -148,8 +148,12 @@ class FedcondStrategy(Strategy):
     """Each round's training clients (every one, or ``clients-per-round`` of them:
     ``strategies.sampling``) train and are evaluated; the history records each round.
 
-    Subclasses say which parameters each client receives (``fit_parameters``,
-    ``evaluate_parameters``) and how returned models are combined (``combine``); a client is its
+    A method overrides only its hooks (the rest is the round protocol every method shares):
+    ``check`` (its settings, before anything starts), ``set_up`` / ``on_start`` (before round 1),
+    ``initial_global``, ``instruction`` (what each client is sent, parameters and settings together),
+    ``combine`` / ``combine_sum`` (the new global parameters from the replies, or from SecAgg+'s
+    mean), ``state`` / ``load_state`` (what the checkpoint keeps beyond the global model), and the
+    small ones: ``answer_floor``, ``divergence_fix``, ``checkpoint_saved``. A client is its
     partition id throughout (``strategies.membership``), never Flower's node id. Before round 1 the
     strategy checks that one node per client is connected, asks each node which partition it holds
     and runs the method's own set-up exchange (``set_up``; the conditional method's secure sum of
@@ -261,15 +265,14 @@ class FedcondStrategy(Strategy):
         """The global model Flower passes around (empty when the method has none)."""
         return EMPTY
 
-    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        return current
-
-    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        return current
-
-    def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        """The settings sent with ``partition_id``'s instruction: the round's, unless a method adds its own."""
-        return config
+    def instruction(
+        self, stage: str, partition_id: int, current: Parameters, config: dict[str, Scalar]
+    ) -> tuple[Parameters, dict[str, Scalar]]:
+        """What ``partition_id`` is sent at ``stage`` (``FIT`` or ``EVALUATE``): the parameters, and the
+        round's settings with whatever a method's client needs to read those parameters (SCAFFOLD's
+        part names, CFL's tree, pFedHN's adapted embedding): one hook, so the two cannot disagree.
+        Here: the global model ``current``, the round's settings."""
+        return current, config
 
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         """The new global parameters from the answers of the clients that answered, as (partition id,
@@ -374,7 +377,6 @@ class FedcondStrategy(Strategy):
         self,
         stage: str,
         instruction: Callable[[Parameters, dict[str, Scalar]], Instruction],
-        parameters_for: Callable[[int, Parameters], Parameters],
         partitions: Iterable[int],
         server_round: int,
         current: Parameters,
@@ -390,8 +392,7 @@ class FedcondStrategy(Strategy):
                 self.participation.fail(stage, partition, NODE_LEFT)
                 continue
             proxy = PartitionProxy(connected[partition], partition, self.participation, stage)
-            settings = self.instruction_config(stage, partition, config)
-            instructions.append((proxy, instruction(parameters_for(partition, current), settings)))
+            instructions.append((proxy, instruction(*self.instruction(stage, partition, current, config))))
         self.enforce_policy(stage, asking=True)
         # Under SecAgg+ the fit step's bytes are counted from its messages (aggregate_secure_fit).
         if not self.peer_to_peer and not (stage == FIT and self.secure.model_updates):
@@ -421,9 +422,7 @@ class FedcondStrategy(Strategy):
         self.sampled = sample_partitions(config.seed, server_round, self.training_partitions,
                                          clients_per_round(config))  # fmt: skip
         self.participation = RoundParticipation(server_round, self.asked_in(server_round))
-        instructions = self.instruct(
-            FIT, FitIns, self.fit_parameters, self.sampled, server_round, parameters, client_manager
-        )
+        instructions = self.instruct(FIT, FitIns, self.sampled, server_round, parameters, client_manager)
         self.fit_stream = None
         if self.fold_fit_replies:
             expected: dict[int, float] = {}
@@ -496,9 +495,7 @@ class FedcondStrategy(Strategy):
         # fit: here only the held-out clients (who never train), and everyone after the last round.
         config = self.inputs.config
         asked = [*self.evaluated_in(server_round), *range(config.num_training_clients, config.num_clients)]
-        return self.instruct(
-            EVALUATE, EvaluateIns, self.evaluate_parameters, asked, server_round, parameters, client_manager
-        )
+        return self.instruct(EVALUATE, EvaluateIns, asked, server_round, parameters, client_manager)
 
     def defers_evaluation(self, server_round: int) -> bool:
         """Whether the training clients evaluate round ``server_round``'s model in the next round's fit

@@ -164,15 +164,13 @@ class CflStrategy(ClusterModels):
     def is_newcomer(self, partition_id: int) -> bool:
         return partition_id not in self.training_partitions
 
-    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        if self.is_newcomer(partition_id):
-            return ndarrays_to_parameters(pack(self.models, self.tree))
-        return super().evaluate_parameters(partition_id, current)
-
-    def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        if stage == EVALUATE and self.is_newcomer(partition_id):
-            return {**config, PARAMETER_TREE: header(len(self.models), self.tree)}
-        return super().instruction_config(stage, partition_id, config)
+    def instruction(
+        self, stage: str, partition_id: int, current: Parameters, config: dict[str, Scalar]
+    ) -> tuple[Parameters, dict[str, Scalar]]:
+        if stage == EVALUATE and self.is_newcomer(partition_id):  # every model, and the tree that places it
+            tree = {**config, PARAMETER_TREE: header(len(self.models), self.tree)}
+            return ndarrays_to_parameters(pack(self.models, self.tree)), tree
+        return super().instruction(stage, partition_id, current, config)
 
     def record_cluster_ari(self) -> None:
         """The clusters' ARI against the true ones, into every round's record."""
@@ -212,7 +210,7 @@ METHOD = Declaration(
         "but suits none (K not given)", "its cluster's model", "as FedAvg; a newcomer its parameter tree",
         "the leaf of the parameter tree its own updates lead it to: at each split on its way it trains the split's "
         "model and follows the side whose clients' updates its own agrees with ([baselines.md](baselines.md#cfl))",
-        "`CflStrategy.evaluate_parameters`, `CflClient`, `fedcond/parameter_tree.py`", "split tree",
+        "`CflStrategy.instruction`, `CflClient`, `fedcond/parameter_tree.py`", "split tree",
         "keeps the cluster it was split into (CFL splits, it never merges or moves a client)",
         server_state=True,
     ),

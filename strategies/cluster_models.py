@@ -24,7 +24,7 @@ from fedcond.messages import (
     STEP_DESCRIPTOR,
     array_from_bytes,
 )
-from fedcond.participation import FIT
+from fedcond.participation import EVALUATE, FIT
 from fedcond.scenarios import drift_partners_of
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 from strategies.federation import ask_all, message_timeout
@@ -61,15 +61,14 @@ class ClusterModels(FedcondStrategy):
     def all_models(self) -> Parameters:
         return ndarrays_to_parameters([array for model in self.models for array in model])
 
-    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+    def instruction(
+        self, stage: str, partition_id: int, current: Parameters, config: dict[str, Scalar]
+    ) -> tuple[Parameters, dict[str, Scalar]]:
         # A client the server has not placed (IFCA's before its first choice, a CFL newcomer) gets
         # every model and evaluates the one with the lowest loss on its training data.
-        if partition_id not in self.assignment:
-            return self.all_models()
-        return self.model_of(partition_id)
-
-    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        return self.model_of(partition_id)
+        if stage == EVALUATE and partition_id not in self.assignment:
+            return self.all_models(), config
+        return self.model_of(partition_id), config
 
     def answer_floor(self) -> int:
         return len(self.models)
@@ -180,15 +179,16 @@ class IfcaStrategy(ClusterModels):
                 "(0: num-clusters)"
             )
 
-    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        return self.all_models()
-
-    def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        # Evaluate-in-fit: the training instruction brings all K models; the client evaluates the one an
-        # evaluate message would have brought (its last choice), as evaluate_parameters picks it.
-        if stage == FIT and EVALUATE_FIRST in config and partition_id in self.assignment:
-            return {**config, EVALUATE_CHOICE: self.assignment[partition_id]}
-        return config
+    def instruction(
+        self, stage: str, partition_id: int, current: Parameters, config: dict[str, Scalar]
+    ) -> tuple[Parameters, dict[str, Scalar]]:
+        if stage != FIT:
+            return super().instruction(stage, partition_id, current, config)
+        # Every client trains from the K models (it picks one). Evaluate-in-fit: it evaluates the one an
+        # evaluate message would have brought (its last choice).
+        if EVALUATE_FIRST in config and partition_id in self.assignment:
+            config = {**config, EVALUATE_CHOICE: self.assignment[partition_id]}
+        return self.all_models(), config
 
     def groups(self, server_round: int, results: list[tuple[int, FitRes]]) -> list[int]:
         choices = [int(res.metrics[CHOICE]) for _, res in results]

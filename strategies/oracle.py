@@ -12,7 +12,7 @@ METHOD = Declaration(
         "trains its cluster's model", "FedAvg within each **true** cluster (a reference, not a competitor)",
         "its cluster's model", FEDAVG_COMMUNICATION,
         "its true cluster's model (the reference: no real method knows the cluster)",
-        "`OracleStrategy.evaluate_parameters`", "true cluster",
+        "`OracleStrategy.instruction`", "true cluster",
         "is told: from round D it serves, and averages into, the model of the cluster whose data the client now holds",
         server_state=True,
     ),

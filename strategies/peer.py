@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fedcond.aggregation import (
     DAC_NEIGHBOURS,
@@ -53,13 +53,12 @@ class PeerToPeer(FedcondStrategy):
         memory_bytes = int(CLIENT_MODELS_MEMORY_MB.of(self.inputs.config) * 2**20)
         return SpillingModels(initial, recorder.folder / SPILL_FOLDER if recorder else None, memory_bytes)
 
-    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        return ndarrays_to_parameters(self.models[partition_id])
-
-    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        if partition_id < self.inputs.config.num_training_clients:
-            return self.fit_parameters(partition_id, current)
-        return self.newcomer_parameters(partition_id)
+    def instruction(
+        self, stage: str, partition_id: int, current: Parameters, config: dict[str, Scalar]
+    ) -> tuple[Parameters, dict[str, Scalar]]:
+        if partition_id < self.inputs.config.num_training_clients:  # its own model, to train or evaluate
+            return ndarrays_to_parameters(self.models[partition_id]), config
+        return self.newcomer_parameters(partition_id), config
 
     def newcomer_parameters(self, partition_id: int) -> Parameters:
         """What a newcomer (a held-out client, which has no model here) receives: its method's rule."""

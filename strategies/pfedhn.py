@@ -52,7 +52,7 @@ from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbe
 from fedcond.messages import NEWCOMER_STEP, STEP, STEP_NEWCOMER_EMBEDDING, WITH_ADAPTED_MODEL
 from fedcond.models import build_run_model
 from fedcond.newcomers import NEWCOMER_STEPS
-from fedcond.participation import EVALUATE
+from fedcond.participation import FIT
 from fedcond.privacy import DP_NOISE_MULTIPLIER
 from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.declaration import Declaration, Facts
@@ -127,19 +127,16 @@ class PFedHNStrategy(FedcondStrategy):
         client = partition_id if partition_id in self.training_partitions else None
         return self.trainer.net.weights_for(client)
 
-    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        self.sent[partition_id] = self.generated(partition_id)
-        return ndarrays_to_parameters(self.sent[partition_id])
-
-    def evaluate_parameters(self, partition_id: int, current: Parameters) -> Parameters:
-        if partition_id in self.adapted:
-            return ndarrays_to_parameters([*self.generated(partition_id), *self.adapted[partition_id]])
-        return ndarrays_to_parameters(self.generated(partition_id))
-
-    def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        if stage == EVALUATE and partition_id in self.adapted:
-            return {**config, WITH_ADAPTED_MODEL: True}
-        return super().instruction_config(stage, partition_id, config)
+    def instruction(
+        self, stage: str, partition_id: int, current: Parameters, config: dict[str, Scalar]
+    ) -> tuple[Parameters, dict[str, Scalar]]:
+        if stage == FIT:  # what was sent, for the hypernetwork's step from the returned model
+            self.sent[partition_id] = self.generated(partition_id)
+            return ndarrays_to_parameters(self.sent[partition_id]), config
+        if partition_id in self.adapted:  # a newcomer's model from its learnt embedding, and that embedding
+            adapted = [*self.generated(partition_id), *self.adapted[partition_id]]
+            return ndarrays_to_parameters(adapted), {**config, WITH_ADAPTED_MODEL: True}
+        return ndarrays_to_parameters(self.generated(partition_id)), config
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager

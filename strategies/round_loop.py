@@ -69,7 +69,7 @@ class CheckpointingServer(Server):
         method's ``FedcondStrategy``, or Flower's DP wrapper around it).
 
         1. Sample and instruct: ``configure_fit`` draws the round's clients (``clients-per-round``)
-           and gives each its parameters (``fit_parameters``) and settings (``instruction_config``).
+           and gives each its parameters and settings (the method's ``instruction``).
         2. Collect: Flower sends the instructions and waits for the replies (``fit_clients``), or,
            under secure aggregation, SecAgg+'s protocol returns only their sum.
         3. Failure policy, then combine: ``aggregate_fit`` applies the policy (``min-answered-fraction``

@@ -38,14 +38,15 @@ class ScaffoldStrategy(FedcondFedAvg):
         #: This round's training instruction, built once for every client (None: build it anew).
         self.sent: Parameters | None = None
 
-    def fit_parameters(self, partition_id: int, current: Parameters) -> Parameters:
+    def instruction(
+        self, stage: str, partition_id: int, current: Parameters, config: dict[str, Scalar]
+    ) -> tuple[Parameters, dict[str, Scalar]]:
+        if stage != FIT:
+            return current, config
         if self.sent is None:
             arrays, _ = pack_parts(dict(zip(self.SENT_PARTS, (self.current, self.control), strict=True)))
             self.sent = ndarrays_to_parameters(arrays)
-        return self.sent
-
-    def instruction_config(self, stage: str, partition_id: int, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        return {**config, PAYLOAD_PARTS: ",".join(self.SENT_PARTS)} if stage == FIT else config
+        return self.sent, {**config, PAYLOAD_PARTS: ",".join(self.SENT_PARTS)}
 
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         if not results:

@@ -14,7 +14,7 @@ from fedcond.aggregation import vector_cosine_similarities
 from fedcond.errors import FedcondError
 from fedcond.messages import PARAMETER_TREE
 from fedcond.parameter_tree import MOVED, STAYED, Split, header, pack, unpack, walk
-from fedcond.participation import EVALUATE
+from fedcond.participation import EVALUATE, FIT
 from strategies.cfl import bipartition
 from tests.test_method_rules import constant_model, decoded, reply, strategy_for
 
@@ -79,17 +79,16 @@ def test_a_newcomer_receives_the_parameter_tree_and_a_participant_its_own_model(
     before = [array.copy() for array in strategy.models[0]]
     strategy.combine(2, opposite_updates(strategy, dict.fromkeys(range(4), 3.0)))
     per_model = len(constant_model(strategy, 0.0))
-    arrays = decoded(strategy.evaluate_parameters(4, None))  # held-out partitions 4, 5
-    config = strategy.instruction_config(EVALUATE, 4, {})
-    leaves, (split,) = unpack(arrays, config[PARAMETER_TREE], per_model)
+    parameters, config = strategy.instruction(EVALUATE, 4, None, {})  # held-out partitions 4, 5
+    leaves, (split,) = unpack(decoded(parameters), config[PARAMETER_TREE], per_model)
     assert len(leaves) == 2 and (split.cluster, split.new_cluster) == (0, 1)
     for kept, trained_from in zip(split.model, before, strict=True):  # the model the split clients trained
         np.testing.assert_array_equal(kept, trained_from)
     moved = strategy.assignment[2]  # partitions 2, 3 stepped by -3 along entry 0, partitions 0, 1 by +3
     assert split.directions[moved][0] == pytest.approx(-1.0) and split.directions[1 - moved][0] == pytest.approx(1.0)
-    assert PARAMETER_TREE not in strategy.instruction_config(EVALUATE, 0, {})
-    assert len(strategy.evaluate_parameters(0, None).tensors) == per_model
-    assert len(strategy.fit_parameters(2, None).tensors) == per_model
+    parameters, config = strategy.instruction(EVALUATE, 0, None, {})
+    assert PARAMETER_TREE not in config and len(parameters.tensors) == per_model
+    assert len(strategy.instruction(FIT, 2, None, {})[0].tensors) == per_model
 
 
 def test_a_newcomer_walks_down_the_tree_along_the_sides_its_updates_agree_with():

@@ -45,7 +45,7 @@ from fedcond.messages import (
     PARTITION_ID,
     TRAIN_LOSS,
 )
-from fedcond.participation import FAILED, TIMED_OUT, RoundParticipation, required_answers
+from fedcond.participation import EVALUATE, FAILED, TIMED_OUT, RoundParticipation, required_answers
 from fedcond.scenarios import scenario_for
 from fedcond.training import check_not_diverged
 from strategies.base import EMPTY, FedcondStrategy, StrategyInputs
@@ -365,8 +365,8 @@ def test_ifca_sends_every_model_to_a_client_that_has_not_chosen_yet():
     strategy.initialize_parameters(manager)
     fit_round(strategy, manager, server_round=1)
     assert strategy.assignment == {0: 0, 2: 1, 3: 1}  # type: ignore[attr-defined]
-    one_model = len(strategy.evaluate_parameters(0, EMPTY).tensors)
-    assert len(strategy.evaluate_parameters(1, EMPTY).tensors) == 2 * one_model  # all K = 2 models
+    one_model = len(strategy.instruction(EVALUATE, 0, EMPTY, {})[0].tensors)
+    assert len(strategy.instruction(EVALUATE, 1, EMPTY, {})[0].tensors) == 2 * one_model  # all K = 2 models
 
 
 def test_ifca_client_evaluates_the_model_it_would_choose_when_given_all():

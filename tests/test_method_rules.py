@@ -16,6 +16,7 @@ from fedcond.client_data import load_client_data
 from fedcond.config import RunConfig
 from fedcond.messages import CHOICE, SERVER_ROUND, TRAIN_LOSS
 from fedcond.models import get_weights
+from fedcond.participation import EVALUATE, FIT
 from fedcond.scenarios import scenario_for
 from strategies.base import StrategyInputs
 from strategies.declaration import NEWCOMER_RULES
@@ -61,11 +62,11 @@ def test_oracle_averages_within_each_true_cluster_and_serves_each_client_its_own
     strategy = strategy_for("oracle", held_out_clients=1)
     values = {0: 1.0, 1: 3.0, 2: 10.0, 3: 30.0}  # partitions 0, 1: cluster 0; 2, 3: cluster 1
     strategy.combine(1, [(pid, reply(constant_model(strategy, value), 1)) for pid, value in values.items()])
-    firsts = {pid: decoded(strategy.fit_parameters(pid, None))[0].flat[0] for pid in range(4)}
+    firsts = {pid: decoded(strategy.instruction(FIT, pid, None, {})[0])[0].flat[0] for pid in range(4)}
     assert firsts == pytest.approx({0: 2.0, 1: 2.0, 2: 20.0, 3: 20.0})
     # A newcomer (partition 4: cluster 0's held-out client, 5: cluster 1's) evaluates its true cluster's model.
-    assert decoded(strategy.evaluate_parameters(4, None))[0].flat[0] == pytest.approx(2.0)
-    assert decoded(strategy.evaluate_parameters(5, None))[0].flat[0] == pytest.approx(20.0)
+    assert decoded(strategy.instruction(EVALUATE, 4, None, {})[0])[0].flat[0] == pytest.approx(2.0)
+    assert decoded(strategy.instruction(EVALUATE, 5, None, {})[0])[0].flat[0] == pytest.approx(20.0)
 
 
 def test_ifca_averages_by_choice_serves_the_chosen_model_and_scores_its_choices():
@@ -75,9 +76,9 @@ def test_ifca_averages_by_choice_serves_the_chosen_model_and_scores_its_choices(
     results = [(pid, reply(constant_model(strategy, values[pid]), 1, **{CHOICE: choices[pid]})) for pid in values]
     strategy.combine(1, results)
     assert strategy.tracker.ari == pytest.approx(1.0)
-    assert decoded(strategy.evaluate_parameters(0, None))[0].flat[0] == pytest.approx(2.0)  # model 1
-    assert decoded(strategy.evaluate_parameters(3, None))[0].flat[0] == pytest.approx(20.0)  # model 0
-    everything = decoded(strategy.fit_parameters(0, None))
+    assert decoded(strategy.instruction(EVALUATE, 0, None, {})[0])[0].flat[0] == pytest.approx(2.0)  # model 1
+    assert decoded(strategy.instruction(EVALUATE, 3, None, {})[0])[0].flat[0] == pytest.approx(20.0)  # model 0
+    everything = decoded(strategy.instruction(FIT, 0, None, {})[0])
     assert len(everything) == 2 * len(constant_model(strategy, 0.0))  # training rounds send all K models
     mixed = strategy_for("ifca")
     mixed.combine(1, [(pid, reply(constant_model(mixed, 1.0), 1, **{CHOICE: pid % 2})) for pid in range(4)])
@@ -101,7 +102,7 @@ def test_dac_averages_each_client_with_its_most_similar_peers_its_cluster_mates(
     strategy.combine(1, [(pid, reply(model, 1)) for pid, model in models.items()])
     for pid, mate in ((0, 1), (1, 0), (2, 3), (3, 2)):
         expected = [(a + b) / 2 for a, b in zip(models[pid], models[mate], strict=True)]
-        received = decoded(strategy.fit_parameters(pid, None))
+        received = decoded(strategy.instruction(FIT, pid, None, {})[0])
         for got, want in zip(received, expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -110,7 +111,7 @@ def test_gossip_averages_each_client_with_exactly_one_random_peer_per_round():
     strategy = strategy_for("gossip")
     models = clustered_models(strategy, np.random.default_rng(1))
     strategy.combine(1, [(pid, reply(model, 1)) for pid, model in models.items()])
-    after = {pid: decoded(strategy.fit_parameters(pid, None)) for pid in range(4)}
+    after = {pid: decoded(strategy.instruction(FIT, pid, None, {})[0]) for pid in range(4)}
     for pid in range(4):
         partners = [
             other for other in range(4)
@@ -166,7 +167,7 @@ def test_a_newcomer_gets_the_global_model_where_that_is_its_methods_rule(method)
     strategy = strategy_for(method, held_out_clients=1)
     current = ndarrays_to_parameters(constant_model(strategy, 7.0))
     for partition in (4, 5):  # the held-out clients
-        assert strategy.evaluate_parameters(partition, current) is current
+        assert strategy.instruction(EVALUATE, partition, current, {})[0] is current
     assert 4 not in strategy.training_partitions  # and it is never asked to train
 
 
@@ -283,7 +284,7 @@ def test_a_dac_newcomer_averages_the_peer_models_with_the_lowest_loss_on_its_dat
     strategy = strategy_for("dac", held_out_clients=1)
     models = {pid: constant_model(strategy, float(pid)) for pid in range(4)}
     strategy.models.update(1, models.items())  # each client's model after some round
-    sent = decoded(strategy.evaluate_parameters(4, None))
+    sent = decoded(strategy.instruction(EVALUATE, 4, None, {})[0])
     assert len(sent) == 4 * len(models[0])  # every training client's model, in partition order
     assert [sent[index * len(models[0])].flat[0] for index in range(4)] == pytest.approx([0.0, 1.0, 2.0, 3.0])
     newcomer = newcomer_of("dac", options=(("dac-neighbours", 2),))
@@ -302,10 +303,10 @@ def test_a_gossip_newcomer_is_served_one_random_training_clients_model_each_roun
     served = {}
     for server_round in range(1, 9):
         strategy.participation = type(strategy.participation)(server_round, ())
-        served[server_round] = decoded(strategy.evaluate_parameters(4, None))[0].flat[0]
+        served[server_round] = decoded(strategy.instruction(EVALUATE, 4, None, {})[0])[0].flat[0]
     assert set(served.values()) <= {0.0, 1.0, 2.0, 3.0} and len(set(served.values())) > 1  # drawn anew
     strategy.participation = type(strategy.participation)(3, ())
-    assert decoded(strategy.evaluate_parameters(4, None))[0].flat[0] == served[3]  # seeded by (seed, round)
+    assert decoded(strategy.instruction(EVALUATE, 4, None, {})[0])[0].flat[0] == served[3]  # seeded by (seed, round)
 
 
 def test_a_local_newcomer_has_only_its_own_untrained_model_until_its_steps_train_it():

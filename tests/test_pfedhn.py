@@ -12,6 +12,7 @@ from flwr.common import parameters_to_ndarrays
 
 from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
 from fedcond.models import get_weights
+from fedcond.participation import EVALUATE, FIT
 from tests.test_method_rules import reply, strategy_for
 
 
@@ -115,10 +116,10 @@ def test_the_strategy_serves_participants_their_model_and_a_newcomer_the_mean_em
     strategy = strategy_for("pfedhn", held_out_clients=1)
     net = strategy.trainer.net
     for pid in range(4):
-        served = parameters_to_ndarrays(strategy.fit_parameters(pid, None))
+        served = parameters_to_ndarrays(strategy.instruction(FIT, pid, None, {})[0])
         assert distance(served, net.weights_for(pid)) == 0
         strategy.combine(1, [(pid, reply([a * 0.9 for a in served], 10))])
-    newcomer = parameters_to_ndarrays(strategy.evaluate_parameters(4, None))  # held-out partitions 4, 5
+    newcomer = parameters_to_ndarrays(strategy.instruction(EVALUATE, 4, None, {})[0])  # held-out partitions 4, 5
     assert distance(newcomer, net.weights_for(None)) == 0 and distance(newcomer, net.weights_for(0)) > 0
 
 
@@ -169,13 +170,13 @@ def test_a_newcomer_client_takes_one_step_per_exchange_and_scores_both_models():
 
 def test_the_hypernetwork_and_its_momentum_survive_a_checkpoint():
     first, second = strategy_for("pfedhn"), strategy_for("pfedhn")
-    served = parameters_to_ndarrays(first.fit_parameters(2, None))
+    served = parameters_to_ndarrays(first.instruction(FIT, 2, None, {})[0])
     first.combine(1, [(2, reply([a * 0.5 for a in served], 10))])
     models, values = first.state()
     second.load_state(models, values)
     assert distance(first.trainer.net.weights_for(2), second.trainer.net.weights_for(2)) == 0
     for strategy in (first, second):  # the same next step: the momentum came back too
-        again = parameters_to_ndarrays(strategy.fit_parameters(2, None))
+        again = parameters_to_ndarrays(strategy.instruction(FIT, 2, None, {})[0])
         strategy.combine(2, [(2, reply([a * 0.5 for a in again], 10))])
     assert distance(first.trainer.net.weights_for(2), second.trainer.net.weights_for(2)) == pytest.approx(0)
 

@@ -24,6 +24,7 @@ from fedcond.checkpoint import RESUME, Checkpoint, check_resume, checkpoint_due,
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import RUN_LOCK, RoundRecord, RunRecorder, reopen_run, run_status
+from fedcond.participation import EVALUATE, FIT
 from fedcond.pooled import run_pooled
 from fedcond.tools.cli import default_config, main
 from fedcond.tools.experiment import Experiment, run_experiment
@@ -422,7 +423,7 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
 
     replies = [(pid, reply(pid)) for pid in range(4)]
     for pid in range(4):  # what each client is sent (pFedHN measures each update from it)
-        before.fit_parameters(pid, None)
+        before.instruction(FIT, pid, None, {})
     before.combine(1, replies)
     assert method != "cfl" or len(before.models) == 2
     models, values = before.state()
@@ -436,7 +437,10 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     for name, model in models.items():
         assert all(np.array_equal(a, b) for a, b in zip(model, again_models[name], strict=True)), name
     for partition in range(4):  # and each client is served from what was restored
-        served, expected = after.evaluate_parameters(partition, None), before.evaluate_parameters(partition, None)
+        served, expected = (
+            after.instruction(EVALUATE, partition, None, {})[0],
+            before.instruction(EVALUATE, partition, None, {})[0],
+        )
         assert served == expected or served.tensors == expected.tensors  # the FedAvg family: what it is given
 
 

@@ -89,8 +89,8 @@ def test_the_server_moves_c_by_the_answered_share_of_the_mean_change_and_x_to_th
     new_global = server.combine(1, answered)
     assert all(np.allclose(c, 0.5 * (4.0 + 12.0) / 2) for c in server.control)  # 2/4 x the unweighted mean change
     assert all(np.allclose(x, (0 * 10 + 2 * 30) / 40) for x in parameters_to_ndarrays(new_global))
-    sent = unpack_parts(list(parameters_to_ndarrays(server.fit_parameters(1, new_global))),
-                        server.instruction_config(FIT, 1, {})[PAYLOAD_PARTS], ("model", "control"))  # fmt: skip
+    parameters, settings = server.instruction(FIT, 1, new_global, {})
+    sent = unpack_parts(list(parameters_to_ndarrays(parameters)), settings[PAYLOAD_PARTS], ("model", "control"))
     assert all(np.allclose(c, 4.0) for c in sent["control"]) and all(np.allclose(x, 1.5) for x in sent["model"])
 
 
