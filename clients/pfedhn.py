@@ -16,10 +16,12 @@ from fedcond.messages import (
     ACCURACY,
     ADAPTED_ACCURACY,
     NEWCOMER_STEP,
+    PAYLOAD_PARTS,
+    PFEDHN_NEWCOMER_PARTS,
     STEP,
     STEP_NEWCOMER_EMBEDDING,
     TRAIN_LOSS,
-    WITH_ADAPTED_MODEL,
+    unpack_parts,
 )
 from fedcond.models import get_weights, set_weights
 
@@ -42,13 +44,11 @@ class PFedHNClient(FedcondClient):
         return get_weights(self.model), self.train_settings.batch_size, {TRAIN_LOSS: loss}
 
     def evaluate_newcomer(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
-        if not round_config.get(WITH_ADAPTED_MODEL):  # zero-shot only (newcomer-steps = 0)
+        if PAYLOAD_PARTS not in round_config:  # zero-shot only (newcomer-steps = 0)
             set_weights(self.model, parameters)
             return self.evaluate_model(self.model, round_config)
-        models = self.split_models(parameters)
-        if len(models) != 2:
-            raise FedcondError("a pFedHN newcomer expected two models; server and client disagree on the model")
-        zero_shot, learned = models
+        models = unpack_parts(parameters, round_config[PAYLOAD_PARTS], PFEDHN_NEWCOMER_PARTS)
+        zero_shot, learned = (models[name] for name in PFEDHN_NEWCOMER_PARTS)
         set_weights(self.model, learned)
         adapted = self.evaluate_model(self.model, round_config)[2][ACCURACY]
         set_weights(self.model, zero_shot)

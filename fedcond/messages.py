@@ -23,9 +23,9 @@ DESCRIPTOR = "descriptor"
 #: from the model its embedding generates, whose update moves only that embedding.
 STEP_NEWCOMER_EMBEDDING = "newcomer-embedding"
 NEWCOMER_STEP = "newcomer-step"
-#: In a pFedHN newcomer's evaluate message: the arrays are two models, the zero-shot one (the mean
-#: embedding's) and the one its learned embedding generates.
-WITH_ADAPTED_MODEL = "with-adapted-model"
+#: A pFedHN newcomer's evaluate message once it has learned its embedding: two named models
+#: (``pack_parts``), the zero-shot one (the mean embedding's) and the one its learned embedding generates.
+PFEDHN_NEWCOMER_PARTS = ("zero-shot", "adapted")
 SERVER_ROUND = "server-round"
 FINGERPRINT_MEAN = "fingerprint-mean"
 FINGERPRINT_STD = "fingerprint-std"

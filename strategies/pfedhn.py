@@ -49,7 +49,14 @@ from fedcond.aggregation import Model
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
-from fedcond.messages import NEWCOMER_STEP, STEP, STEP_NEWCOMER_EMBEDDING, WITH_ADAPTED_MODEL
+from fedcond.messages import (
+    NEWCOMER_STEP,
+    PAYLOAD_PARTS,
+    PFEDHN_NEWCOMER_PARTS,
+    STEP,
+    STEP_NEWCOMER_EMBEDDING,
+    pack_parts,
+)
 from fedcond.models import build_run_model
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.participation import FIT
@@ -133,9 +140,10 @@ class PFedHNStrategy(FedcondStrategy):
         if stage == FIT:  # what was sent, for the hypernetwork's step from the returned model
             self.sent[partition_id] = self.generated(partition_id)
             return ndarrays_to_parameters(self.sent[partition_id]), config
-        if partition_id in self.adapted:  # a newcomer's model from its learnt embedding, and that embedding
-            adapted = [*self.generated(partition_id), *self.adapted[partition_id]]
-            return ndarrays_to_parameters(adapted), {**config, WITH_ADAPTED_MODEL: True}
+        if partition_id in self.adapted:  # a newcomer: the zero-shot model and its learnt embedding's, by name
+            models = (self.generated(partition_id), self.adapted[partition_id])
+            arrays, names = pack_parts(dict(zip(PFEDHN_NEWCOMER_PARTS, models, strict=True)))
+            return ndarrays_to_parameters(arrays), {**config, PAYLOAD_PARTS: names}
         return ndarrays_to_parameters(self.generated(partition_id)), config
 
     def configure_evaluate(

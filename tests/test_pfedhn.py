@@ -148,10 +148,12 @@ def test_a_newcomer_client_takes_one_step_per_exchange_and_scores_both_models():
     from fedcond.messages import (
         ADAPTED_ACCURACY,
         NEWCOMER_STEP,
+        PAYLOAD_PARTS,
+        PFEDHN_NEWCOMER_PARTS,
         SERVER_ROUND,
         STEP,
         STEP_NEWCOMER_EMBEDDING,
-        WITH_ADAPTED_MODEL,
+        pack_parts,
     )
     from tests.test_method_rules import always_class, newcomer_of
 
@@ -161,8 +163,12 @@ def test_a_newcomer_client_takes_one_step_per_exchange_and_scores_both_models():
     returned, examples, _ = newcomer.fit(wrong, step)
     assert examples == newcomer.train_settings.batch_size  # one batch: one SGD step
     assert returned[-1][9] < 50.0 and distance(returned[:-1], wrong[:-1]) == 0  # only the output bias moved
-    _, _, metrics = newcomer.evaluate([*wrong, *right], {SERVER_ROUND: 1, WITH_ADAPTED_MODEL: True})
+    arrays, names = pack_parts(dict(zip(PFEDHN_NEWCOMER_PARTS, (wrong, right), strict=True)))
+    _, _, metrics = newcomer.evaluate(arrays, {SERVER_ROUND: 1, PAYLOAD_PARTS: names})
     assert metrics["accuracy"] == 0.0 and metrics[ADAPTED_ACCURACY] > 0  # zero-shot: says 9; learned: 0
+    # By name, not by place: the same two models sent in the other order are read the same.
+    swapped, names = pack_parts(dict(zip(reversed(PFEDHN_NEWCOMER_PARTS), (right, wrong), strict=True)))
+    assert newcomer.evaluate(swapped, {SERVER_ROUND: 1, PAYLOAD_PARTS: names})[2] == metrics
     assert ADAPTED_ACCURACY not in newcomer.evaluate(wrong, {SERVER_ROUND: 1})[2]
     trainee = __import__("tests.test_method_rules", fromlist=["client_of"]).client_of("pfedhn", 0)
     assert "newcomer's embedding step" in trainee.fit(wrong, step)[2]["fedcond-error"]
