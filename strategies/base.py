@@ -376,14 +376,15 @@ class FedcondStrategy(Strategy):
     def instruct(
         self,
         stage: str,
-        instruction: Callable[[Parameters, dict[str, Scalar]], Instruction],
+        message: Callable[[Parameters, dict[str, Scalar]], Instruction],
         partitions: Iterable[int],
         server_round: int,
         current: Parameters,
         client_manager: ClientManager,
     ) -> list[tuple[ClientProxy, Instruction]]:
-        """One instruction per connected client of ``partitions`` (bytes counted); one asked but not
-        connected fails ("node left"). Stops the run when too few are left to answer."""
+        """One instruction per connected client of ``partitions`` (``message``: Flower's ``FitIns`` or
+        ``EvaluateIns``, of the method's ``instruction``; bytes counted); one asked but not connected
+        fails ("node left"). Stops the run when too few are left to answer."""
         connected = self.membership.refresh(client_manager, server_round)
         config = self.fit_round_config(server_round) if stage == FIT else self.round_config(server_round)
         instructions: list[tuple[ClientProxy, Instruction]] = []
@@ -392,7 +393,7 @@ class FedcondStrategy(Strategy):
                 self.participation.fail(stage, partition, NODE_LEFT)
                 continue
             proxy = PartitionProxy(connected[partition], partition, self.participation, stage)
-            instructions.append((proxy, instruction(*self.instruction(stage, partition, current, config))))
+            instructions.append((proxy, message(*self.instruction(stage, partition, current, config))))
         self.enforce_policy(stage, asking=True)
         # Under SecAgg+ the fit step's bytes are counted from its messages (aggregate_secure_fit).
         if not self.peer_to_peer and not (stage == FIT and self.secure.model_updates):
