@@ -24,6 +24,7 @@ from fedcond.tools.experiment import (
     load_experiment,
     plan,
     read_grid_file,
+    record_experiment,
     run_experiment,
     tidy_rows,
     write_metrics,
@@ -367,6 +368,24 @@ def test_a_profile_that_extends_another_starts_from_its_keys_and_a_loop_is_refus
     grid.write_text('[grid]\nmethod = ["fedavg"]\n[profiles.a]\nextends = "quik"\n')
     with pytest.raises(FedcondError, match="has no profile 'quik'"):
         read_grid_file(grid, "a")
+
+
+def test_a_folder_that_two_profiles_ran_into_names_both_in_its_title(tmp_path):
+    """A sweep of a second profile into a folder extends its experiment; its title keeps every profile
+    the folder holds (the report's heading), where it used to keep only the last one's."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'title = "A grid"\n[settings]\nseed = 0\n[grid]\nmethod = ["fedavg", "oracle"]\n'
+        '[profiles.first]\nmethod = ["fedavg"]\n[profiles.second]\nmethod = ["oracle"]\n'
+        '[profiles.third]\nmethod = ["local"]\n'
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    for profile in ("first", "second", "first", "third"):
+        record_experiment(read_grid_file(grid, profile), out)
+    experiment = load_experiment(out)
+    assert experiment.title == "A grid (profiles first, second and third)"
+    assert experiment.axes["method"] == ["fedavg", "oracle", "local"]
 
 
 def test_a_label_with_punctuation_names_its_folder_without_stray_hyphens():

@@ -262,7 +262,7 @@ def read_grid_file(path: Path, profile: str | None = None) -> Experiment:
                 classes=tuple(str(name) for name in table.get("classes", ())),
             )
         )
-    title = str(data.get("title", path.stem)) + (f" (profile {profile})" if profile else "")
+    title = titled_with_profiles(str(data.get("title", path.stem)), [profile] if profile else [])
     experiment = Experiment(settings, axes, tables, title, "sweep")
     check_experiment(experiment)
     return experiment
@@ -680,6 +680,27 @@ def run_one(runner: Runner, run: PlannedRun, runs_dir: Path) -> None:
     mark_failed(runs_dir / run.name, "the run ended without finishing; see the error printed above this line")
 
 
+PROFILES_SUFFIX = re.compile(r" \(profiles? (?P<names>[^()]+)\)$")
+
+
+def titled_with_profiles(title: str, profiles: list[str]) -> str:
+    """A grid's title naming the profiles its folder ran: "T (profile a)", "T (profiles a and b)"."""
+    if not profiles:
+        return title
+    names = profiles[0] if len(profiles) == 1 else ", ".join(profiles[:-1]) + " and " + profiles[-1]
+    return f"{title} (profile{'s' * (len(profiles) > 1)} {names})"
+
+
+def merged_title(before: str, now: str) -> str:
+    """The title of a folder a sweep of another profile of the same grid extends: both profiles
+    named (a title that is not a profile's, or another grid's, is replaced by the new one)."""
+    old, new = PROFILES_SUFFIX.search(before), PROFILES_SUFFIX.search(now)
+    if old is None or new is None or before[: old.start()] != now[: new.start()]:
+        return now
+    listed = [name for match in (old, new) for name in re.split(r", | and ", match["names"])]
+    return titled_with_profiles(now[: new.start()], list(dict.fromkeys(listed)))
+
+
 def record_experiment(experiment: Experiment, out: Path) -> None:
     """Keep the experiment's definition beside its results (``fedcond report`` redraws from it).
 
@@ -709,6 +730,7 @@ def record_experiment(experiment: Experiment, out: Path) -> None:
                 f"{out} holds another experiment (changed: {changed}); choose another --out, "
                 "or widen only the methods and seeds to extend it"
             )
+        data["title"] = merged_title(str(existing.get("title", "")), str(data["title"]))
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
