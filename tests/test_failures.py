@@ -277,6 +277,8 @@ def test_a_client_lost_in_round_2_has_not_evaluated_round_1_whose_model_its_fit_
     assert sorted((f["round"], f["stage"]) for f in failures if f["partition-id"] == 3) == [(1, "evaluate"), (2, "fit")]
 
 
+# One method of each server family that FakeNode can answer (a model back): CFL, descriptor clustering and
+# SCAFFOLD need their own clients' replies (an update tree, a descriptor, named parts).
 @pytest.mark.parametrize("method", ["fedavg", "oracle", "ifca", "dac"])
 def test_a_training_loss_that_explodes_stops_the_run_in_one_line_naming_the_learning_rate(method):
     """Finite but far past chance (ln 10 = 2.3 on digits): the run stops rather than sit at chance
