@@ -382,7 +382,7 @@ class FedcondClient(NumPyClient):
         return train(model, self.data.train_x[chosen], self.data.train_y[chosen], condition, one_pass, seed)
 
     def split_models(self, parameters: list[np.ndarray]) -> list[list[np.ndarray]]:
-        """A message of several models (IFCA's K, DAC's peers, pFedHN's two for a newcomer) as models."""
+        """A message of several models (IFCA's K, DAC's peers) as models."""
         per_model = len(self.model.state_dict())
         if not parameters or len(parameters) % per_model:
             raise FedcondError(

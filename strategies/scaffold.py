@@ -35,8 +35,9 @@ class ScaffoldStrategy(FedcondFedAvg):
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs)
         self.control: Model = [np.zeros_like(array, dtype=np.float32) for array in self.initial]
-        #: This round's training instruction, built once for every client (None: build it anew).
-        self.sent: Parameters | None = None
+        #: This round's training instruction and its part names, built once for every client (None:
+        #: build it anew).
+        self.sent: tuple[Parameters, str] | None = None
 
     def instruction(
         self, stage: str, partition_id: int, current: Parameters, config: dict[str, Scalar]
@@ -44,9 +45,10 @@ class ScaffoldStrategy(FedcondFedAvg):
         if stage != FIT:
             return current, config
         if self.sent is None:
-            arrays, _ = pack_parts(dict(zip(self.SENT_PARTS, (self.current, self.control), strict=True)))
-            self.sent = ndarrays_to_parameters(arrays)
-        return self.sent, {**config, PAYLOAD_PARTS: ",".join(self.SENT_PARTS)}
+            arrays, names = pack_parts(dict(zip(self.SENT_PARTS, (self.current, self.control), strict=True)))
+            self.sent = ndarrays_to_parameters(arrays), names
+        parameters, names = self.sent
+        return parameters, {**config, PAYLOAD_PARTS: names}
 
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         if not results:
