@@ -149,7 +149,7 @@ class FedcondStrategy(Strategy):
     ``strategies.sampling``) train and are evaluated; the history records each round.
 
     A method overrides only its hooks (the rest is the round protocol every method shares):
-    ``check`` (its settings, before anything starts), ``set_up`` / ``on_start`` (before round 1),
+    ``check`` (its settings, before anything starts), ``set_up`` (a new run's exchange before round 1),
     ``initial_global``, ``instruction`` (what each client is sent, parameters and settings together),
     ``combine`` / ``combine_sum`` (the new global parameters from the replies, or from SecAgg+'s
     mean), ``state`` / ``load_state`` (what the checkpoint keeps beyond the global model), and the
@@ -255,11 +255,8 @@ class FedcondStrategy(Strategy):
     # -- hooks ---------------------------------------------------------------------------------------
     def set_up(self, client_manager: ClientManager) -> None:
         """A new run's exchange with the clients before round 1, once the membership step knows every
-        client (a resumed run has its outcome in ``state``): nothing here (``ConditionalFedAvg`` sums
-        the fingerprint statistics)."""
-
-    def on_start(self) -> None:
-        """Called once before round 1, when ``self.membership`` knows every client."""
+        client (a resumed run has its outcome in ``state`` instead): nothing here (``ConditionalFedAvg``
+        sums the fingerprint statistics). What needs no client is set in ``__init__``."""
 
     def initial_global(self) -> Parameters:
         """The global model Flower passes around (empty when the method has none)."""
@@ -306,7 +303,7 @@ class FedcondStrategy(Strategy):
         """Called once the checkpoint holding ``state`` is on disk: what an older one needed may go."""
 
     def load_state(self, models: dict[str, Model], values: dict[str, Any]) -> None:
-        """Take back what ``state`` saved (called after ``on_start``, whose set-up it replaces)."""
+        """Take back what ``state`` saved (a resumed run, in place of ``set_up``)."""
         self.shared_config = dict(values["shared_config"])
         self.secure_sum_bytes = int(values["secure_sum_bytes"])
         pending = values.get("pending_round")
@@ -321,8 +318,6 @@ class FedcondStrategy(Strategy):
         resume = self.inputs.resume
         if resume is None:
             self.set_up(client_manager)
-        self.on_start()
-        if resume is None:
             return self.initial_global()
         self.load_state(resume.models, resume.values)
         self.tracker.resume_after(resume.history)

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import ClientManager
 from sklearn.cluster import AgglomerativeClustering
 
 from fedcond.aggregation import Model, flatten, vector_cosine_similarities
@@ -80,6 +81,7 @@ class CflStrategy(ClusterModels):
 
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs, [initial_weights(inputs)])
+        self.assignment = dict.fromkeys(self.training_partitions, 0)  # one cluster until the first split
         #: Each split: round, the cluster split, the new cluster's index, the two sides' partitions,
         #: the two norms and the largest similarity across the sides.
         self.splits: list[dict[str, Any]] = []
@@ -94,9 +96,7 @@ class CflStrategy(ClusterModels):
                 "give a norm above 0 (a run's norms are in its run.json, cfl-norms)"
             )
 
-    def on_start(self) -> None:
-        if not self.assignment:  # a resumed run's come with its state
-            self.assignment = dict.fromkeys(self.training_partitions, 0)
+    def set_up(self, client_manager: ClientManager) -> None:
         self.record_cluster_ari()
 
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
@@ -198,6 +198,7 @@ class CflStrategy(ClusterModels):
                                    (arrays[-2], arrays[-1])))  # fmt: skip
         self.models = [[] for _ in range(1 + len(self.splits))]  # filled by ClusterModels.load_state
         super().load_state(models, values)
+        self.record_cluster_ari()
 
 
 #: This method's one declaration: the method table finds it by this module's name.

@@ -124,9 +124,7 @@ class OracleStrategy(ClusterModels):
 
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs, [initial_weights(inputs) for _ in range(inputs.config.num_clusters)])
-
-    def on_start(self) -> None:
-        self.assignment = dict(enumerate(self.inputs.true_clusters))
+        self.assignment = dict(enumerate(inputs.true_clusters))
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> Any:
         # Oracle is told: from drift-round on, a drifting client is served (and averaged into) the cluster
@@ -234,7 +232,7 @@ class DescriptorClusteringStrategy(ClusterModels):
     )
 
     def __init__(self, inputs: StrategyInputs) -> None:
-        super().__init__(inputs, [])  # one model per cluster found, before round 1 (``set_up``)
+        super().__init__(inputs, [])  # one model per cluster found, before round 1 (``set_up``, ``place``)
         self.found: DescriptorClusters | None = None
 
     @classmethod
@@ -280,15 +278,12 @@ class DescriptorClusteringStrategy(ClusterModels):
         config = self.inputs.config
         training = np.stack(descriptors[: config.num_training_clients])
         self.found = cluster_descriptors(training, DESCRIPTOR_EPS.of(config), DESCRIPTOR_MIN_SAMPLES.of(config))
+        self.models = [initial_weights(self.inputs) for _ in range(self.found.count)]
         held_out = range(config.num_training_clients, config.num_clients)
         self.assignment = {
             **dict(enumerate(self.found.labels)), **{pid: self.found.assign(descriptors[pid]) for pid in held_out}
         }  # fmt: skip
         return self.found
-
-    def on_start(self) -> None:
-        if self.found is not None:  # a new run: one model per cluster found (a resumed run's come with its state)
-            self.models = [initial_weights(self.inputs) for _ in range(self.found.count)]
 
     def record_found_ari(self) -> float:
         """The found clusters' ARI against the true ones, into every round's record (and returned)."""

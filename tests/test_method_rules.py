@@ -32,7 +32,6 @@ def strategy_for(method: str, **settings):
     chosen = get_method(method)
     inputs = StrategyInputs(config, 10, chosen.conditioned, None, scenario=scenario_for(config))
     strategy = chosen.strategy(inputs)
-    strategy.on_start()
     return strategy
 
 

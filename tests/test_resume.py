@@ -408,7 +408,6 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     before = strategy_class(inputs)
     if method == "descriptor-clustering":  # its exchange before round 1 (the clients' descriptors), given here
         before.place([np.array([0.0, 0.0]), np.array([0.1, 0.0]), np.array([5.0, 1.0]), np.array([5.1, 1.0])])
-    before.on_start()
     rng = np.random.default_rng(0)
     shapes = [array.shape for array in initial_weights(inputs)]
 

@@ -70,7 +70,6 @@ def strategy_of(**settings):
     check_run(config)
     method = get_method("fedavg")
     strategy = method.strategy(StrategyInputs(config, 10, method.conditioned, None, scenario=scenario_for(config)))
-    strategy.on_start()
     return strategy
 
 
