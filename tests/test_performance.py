@@ -51,6 +51,9 @@ def federated_rounds(method: str, order: list[int], rounds: int = 2) -> list[tup
     return replies
 
 
+# The reused working model is the client's: one client kind each whose model arrives from the server
+# (FedAvg), whose second, personal model lives beside it in the same process (Ditto), and whose model
+# never leaves the client (Local). This file's loop speaks plain FedAvg messages, which these three take.
 @pytest.mark.parametrize("method", ["fedavg", "ditto", "local"])
 def test_reusing_models_and_partitions_changes_no_number(method, monkeypatch, one_thread):
     monkeypatch.setenv("FEDCOND_REUSE", "0")
