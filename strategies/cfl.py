@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import ClientManager
 from sklearn.cluster import AgglomerativeClustering
 
 from fedcond.aggregation import Model, flatten, vector_cosine_similarities
@@ -96,9 +95,6 @@ class CflStrategy(ClusterModels):
                 "give a norm above 0 (a run's norms are in its run.json, cfl-norms)"
             )
 
-    def set_up(self, client_manager: ClientManager) -> None:
-        self.record_cluster_ari()
-
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         sent = [flatten(self.models[self.assignment[pid]]) for pid, _ in results]
         updates = np.stack([flatten(parameters_to_ndarrays(res.parameters)) - before
@@ -119,7 +115,8 @@ class CflStrategy(ClusterModels):
         if self.inputs.recorder is not None:
             self.inputs.recorder.add_events("cfl-norms", norms)
         super().combine(server_round, results)  # each (new) cluster averages its clients' models
-        self.record_cluster_ari()
+        partitions = sorted(self.assignment)  # the clusters' ARI against the true ones, into the round's record
+        self.record_ari([self.inputs.true_clusters[p] for p in partitions], [self.assignment[p] for p in partitions])
         return None
 
     def should_split(self, server_round: int, size: int, mean_norm: float, max_norm: float) -> bool:
@@ -172,12 +169,6 @@ class CflStrategy(ClusterModels):
             return ndarrays_to_parameters(pack(self.models, self.tree)), tree
         return super().instruction(stage, partition_id, current, config)
 
-    def record_cluster_ari(self) -> None:
-        """The clusters' ARI against the true ones, into every round's record."""
-        partitions = sorted(self.assignment)
-        truth = self.inputs.true_clusters
-        self.record_ari([truth[p] for p in partitions], [self.assignment[p] for p in partitions])
-
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()
         tree = {f"cfl-tree-{j}": [*split.model, *split.directions] for j, split in enumerate(self.tree)}
@@ -198,7 +189,6 @@ class CflStrategy(ClusterModels):
                                    (arrays[-2], arrays[-1])))  # fmt: skip
         self.models = [[] for _ in range(1 + len(self.splits))]  # filled by ClusterModels.load_state
         super().load_state(models, values)
-        self.record_cluster_ari()
 
 
 #: This method's one declaration: the method table finds it by this module's name.
