@@ -9,11 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from clients.fedcond_client import FedcondClient
-from fedcond.aggregation import flatten
 from fedcond.errors import FedcondError
 from fedcond.messages import PARAMETER_TREE
-from fedcond.models import Network, get_weights, set_weights
-from fedcond.parameter_tree import unpack, walk
+from fedcond.models import Network, get_weights, set_weights, trained_arrays
+from fedcond.parameter_tree import unpack, walk, weight_update
 
 
 class CflClient(FedcondClient):
@@ -33,7 +32,7 @@ class CflClient(FedcondClient):
             trained = self.fresh_model()
             set_weights(trained, model)
             self.train_locally(trained, round_config)
-            return flatten(get_weights(trained)) - flatten(model)
+            return weight_update(get_weights(trained), model, trained_arrays(trained))
 
         leaf, _ = walk(splits, update_at)
         set_weights(self.model, leaves[leaf])

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedcond.aggregation import flatten
 from fedcond.errors import FedcondError
 
 Model = list[np.ndarray]
@@ -44,6 +45,15 @@ class Split:
     new_cluster: int
     model: Model
     directions: tuple[np.ndarray, np.ndarray]
+
+
+def weight_update(after: Model, before: Model, trained: Sequence[bool]) -> np.ndarray:
+    """The flattened change of the trained weights from ``before`` to ``after`` (``trained``: per
+    array, ``fedcond.models.trained_arrays``), the update CFL compares. Buffers are left out: batch
+    norm's step counters grow by a round's step count on every client alike, which swamped the
+    weights' update (a norm of about 66 on the CIFAR network, whose weights move far less)."""
+    keep = [index for index, is_trained in enumerate(trained) if is_trained]
+    return flatten([after[index] for index in keep]) - flatten([before[index] for index in keep])
 
 
 def side_directions(updates: np.ndarray, sides: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

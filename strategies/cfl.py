@@ -39,13 +39,14 @@ import numpy as np
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from sklearn.cluster import AgglomerativeClustering
 
-from fedcond.aggregation import Model, flatten, vector_cosine_similarities
+from fedcond.aggregation import Model, vector_cosine_similarities
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import PARAMETER_TREE
-from fedcond.parameter_tree import Split, header, pack, side_directions
+from fedcond.models import build_run_model, get_weights, trained_arrays
+from fedcond.parameter_tree import Split, header, pack, side_directions, weight_update
 from fedcond.participation import EVALUATE
-from strategies.base import StrategyInputs, initial_weights
+from strategies.base import StrategyInputs
 from strategies.cluster_models import ClusterModels
 from strategies.declaration import Declaration, Facts
 
@@ -79,7 +80,10 @@ class CflStrategy(ClusterModels):
     )
 
     def __init__(self, inputs: StrategyInputs) -> None:
-        super().__init__(inputs, [initial_weights(inputs)])
+        model = build_run_model(inputs.config, inputs.num_classes, inputs.conditioned)
+        super().__init__(inputs, [get_weights(model)])
+        #: Per array of a model: whether it is a trained weight, the part of an update CFL compares.
+        self.trained = trained_arrays(model)
         self.assignment = dict.fromkeys(self.training_partitions, 0)  # one cluster until the first split
         #: Each split: round, the cluster split, the new cluster's index, the two sides' partitions,
         #: the two norms and the largest similarity across the sides.
@@ -96,9 +100,8 @@ class CflStrategy(ClusterModels):
             )
 
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
-        sent = [flatten(self.models[self.assignment[pid]]) for pid, _ in results]
-        updates = np.stack([flatten(parameters_to_ndarrays(res.parameters)) - before
-                            for (_, res), before in zip(results, sent, strict=True)])  # fmt: skip
+        updates = np.stack([weight_update(parameters_to_ndarrays(res.parameters), self.models[self.assignment[pid]],
+                                          self.trained) for pid, res in results])  # fmt: skip
         counts = np.array([res.num_examples for _, res in results], np.float64)
         norms = []
         for cluster in range(len(self.models)):

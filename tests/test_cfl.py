@@ -59,6 +59,25 @@ def test_a_cluster_at_a_stationary_point_that_suits_none_of_its_clients_splits_a
     assert firsts == pytest.approx([-3.0, 3.0])
 
 
+def test_buffers_such_as_batch_norms_step_counter_are_left_out_of_the_updates_it_compares():
+    """Every client's reply also moves one buffer array by the same 100 (batch norm's step counter
+    grows by a round's steps on every client alike): with it in the update, the mean update is 100
+    long and the cluster would never split; CFL compares the trained weights' change alone."""
+    strategy = strategy_for("cfl", **EAGER)
+    strategy.trained = [False, *strategy.trained[1:]]  # array 0 stands for a buffer here
+    counter = [np.zeros_like(array) for array in constant_model(strategy, 0.0)]
+    counter[0].flat[0] = 100.0
+    direction = [np.zeros_like(array) for array in counter]
+    direction[1].flat[0] = 1.0
+    model = strategy.models[0]
+    replies = [(pid, reply([a + c + d * (3.0 if pid < 2 else -3.0) for a, c, d in zip(model, counter, direction,
+                                                                                       strict=True)], 10))
+               for pid in range(4)]  # fmt: skip
+    strategy.combine(2, replies)
+    assert len(strategy.models) == 2, "the buffer's change was counted in the update"
+    assert strategy.assignment[0] == strategy.assignment[1] != strategy.assignment[2] == strategy.assignment[3]
+
+
 @pytest.mark.parametrize(
     ("sizes", "settings", "why"),
     [
