@@ -50,8 +50,8 @@ class Split:
 def weight_update(after: Model, before: Model, trained: Sequence[bool]) -> np.ndarray:
     """The flattened change of the trained weights from ``before`` to ``after`` (``trained``: per
     array, ``fedcond.models.trained_arrays``), the update CFL compares. Buffers are left out: batch
-    norm's step counters grow by a round's step count on every client alike, which swamped the
-    weights' update (a norm of about 66 on the CIFAR network, whose weights move far less)."""
+    norm's step counters grow by a round's step count on every client alike, which would swamp the
+    weights' change on a batch-normed network and hide every stationary point."""
     keep = [index for index, is_trained in enumerate(trained) if is_trained]
     return flatten([after[index] for index in keep]) - flatten([before[index] for index in keep])
 
