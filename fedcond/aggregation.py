@@ -159,9 +159,18 @@ def flatten(model: Model) -> np.ndarray:
     return np.concatenate([np.asarray(layer, dtype=np.float64).ravel() for layer in model])
 
 
-def cosine_similarities(models: Sequence[Model]) -> np.ndarray:
-    """Pairwise cosine similarity of the flattened parameter vectors."""
-    return vector_cosine_similarities(np.stack([flatten(model) for model in models]))
+def trained_vector(model: Model, trained: Sequence[bool]) -> np.ndarray:
+    """The model's trained weights flattened (``trained``: per array, ``fedcond.models.trained_arrays``).
+    Buffers are left out wherever models or updates are compared: batch norm's step counter grows
+    by each client's step count, which would swamp the weights on a batch-normed network."""
+    if len(trained) != len(model):
+        raise ValueError(f"a mask of {len(trained)} arrays for a model of {len(model)}")
+    return flatten([array for array, is_trained in zip(model, trained, strict=True) if is_trained])
+
+
+def cosine_similarities(models: Sequence[Model], trained: Sequence[bool]) -> np.ndarray:
+    """Pairwise cosine similarity of the models' flattened trained weights (``trained_vector``)."""
+    return vector_cosine_similarities(np.stack([trained_vector(model, trained) for model in models]))
 
 
 def vector_cosine_similarities(vectors: np.ndarray) -> np.ndarray:

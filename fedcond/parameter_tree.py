@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedcond.aggregation import flatten
+from fedcond.aggregation import trained_vector
 from fedcond.errors import FedcondError
 
 Model = list[np.ndarray]
@@ -49,11 +49,9 @@ class Split:
 
 def weight_update(after: Model, before: Model, trained: Sequence[bool]) -> np.ndarray:
     """The flattened change of the trained weights from ``before`` to ``after`` (``trained``: per
-    array, ``fedcond.models.trained_arrays``), the update CFL compares. Buffers are left out: batch
-    norm's step counters grow by a round's step count on every client alike, which would swamp the
-    weights' change on a batch-normed network and hide every stationary point."""
-    keep = [index for index, is_trained in enumerate(trained) if is_trained]
-    return flatten([after[index] for index in keep]) - flatten([before[index] for index in keep])
+    array, ``fedcond.models.trained_arrays``), the update CFL compares; buffers are left out
+    (``fedcond.aggregation.trained_vector`` says why)."""
+    return trained_vector(after, trained) - trained_vector(before, trained)
 
 
 def side_directions(updates: np.ndarray, sides: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

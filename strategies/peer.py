@@ -17,6 +17,7 @@ from fedcond.aggregation import (
     top_k_neighbours,
 )
 from fedcond.model_store import CLIENT_MODELS_MEMORY_MB, SPILL_FOLDER, SpillingModels
+from fedcond.models import build_run_model, trained_arrays
 from fedcond.newcomers import random_peer
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 from strategies.round_tracking import parameters_bytes
@@ -114,11 +115,16 @@ class GossipStrategy(PeerToPeer):
 class DacStrategy(PeerToPeer):
     """DAC (Listo Zec et al. 2022), the paper's variant: after local training each client averages
     its model uniformly with its ``dac-neighbours`` most similar peers by cosine similarity of the
-    model parameters (deterministic top-k, ties to the lower partition id), among the clients that
-    answered. Default k = 3.
+    model parameters (the trained weights alone: batch norm's buffers left out; deterministic top-k,
+    ties to the lower partition id), among the clients that answered. Default k = 3.
     """
 
     options = (*PeerToPeer.options, DAC_NEIGHBOURS)
+
+    def __init__(self, inputs: StrategyInputs) -> None:
+        super().__init__(inputs)
+        #: Per array of a model: whether it is a trained weight, the part of a model DAC compares.
+        self.trained = trained_arrays(build_run_model(inputs.config, inputs.num_classes, inputs.conditioned))
 
     def newcomer_parameters(self, partition_id: int) -> Parameters:
         """Every training client's model, one after another: the newcomer averages the ones with the
@@ -126,5 +132,5 @@ class DacStrategy(PeerToPeer):
         return ndarrays_to_parameters([array for pid in self.training_partitions for array in self.models[pid]])
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
-        neighbours = top_k_neighbours(cosine_similarities(models), DAC_NEIGHBOURS.of(self.inputs.config))
+        neighbours = top_k_neighbours(cosine_similarities(models, self.trained), DAC_NEIGHBOURS.of(self.inputs.config))
         return neighbourhood_average(models, neighbours), sum(len(chosen) for chosen in neighbours)

@@ -106,6 +106,21 @@ def test_dac_averages_each_client_with_its_most_similar_peers_its_cluster_mates(
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_dac_compares_the_trained_weights_alone_not_batch_norms_buffers():
+    """A buffer array (batch norm's step counter stands for it: each client's grows by its own step
+    count) equal in clients 0 and 2 and far from it in 1 and 3 would make 0 and 2 the most similar
+    pair; DAC compares the trained weights, whose nearest mates are 0-1 and 2-3."""
+    strategy = strategy_for("dac", options=(("dac-neighbours", 1),))
+    strategy.trained = [False, *strategy.trained[1:]]  # array 0 stands for a buffer here
+    models = clustered_models(strategy, np.random.default_rng(0))
+    for pid, steps in ((0, 100.0), (1, 900.0), (2, 100.0), (3, 900.0)):
+        models[pid][0] = np.full_like(models[pid][0], steps)
+    strategy.combine(1, [(pid, reply(model, 1)) for pid, model in models.items()])
+    for pid, mate in ((0, 1), (1, 0), (2, 3), (3, 2)):
+        received = decoded(strategy.instruction(FIT, pid, None, {})[0])
+        np.testing.assert_allclose(received[1], (models[pid][1] + models[mate][1]) / 2, rtol=1e-5, atol=1e-6)
+
+
 def test_gossip_averages_each_client_with_exactly_one_random_peer_per_round():
     strategy = strategy_for("gossip")
     models = clustered_models(strategy, np.random.default_rng(1))

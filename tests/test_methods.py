@@ -56,7 +56,7 @@ def test_gossip_pairs_are_a_matching_and_averaging_preserves_the_mean():
 
 def test_dac_selects_top_k_by_cosine_similarity_and_averages_uniformly():
     a, b, c, d = [np.array([1.0, 0.0])], [np.array([0.9, 0.1])], [np.array([0.0, 1.0])], [np.array([0.1, 0.9])]
-    similarity = agg.cosine_similarities([a, b, c, d])
+    similarity = agg.cosine_similarities([a, b, c, d], [True])
     np.testing.assert_allclose(np.diag(similarity), 1.0)
     assert agg.top_k_neighbours(similarity, 1) == [[1], [0], [3], [2]]
     assert agg.top_k_neighbours(similarity, 2)[0] == [1, 3]
