@@ -9,25 +9,28 @@ images, and scores on each client's test set:
 - ``own head``: the run's own output layer (generated from the fingerprint for ``hyper``). It must
   give the run's recorded final accuracy, which checks the rebuild;
 - ``cluster probe``: one multinomial logistic regression per true cluster, fitted on the hidden
-  features of that cluster's training clients: the best one output layer per cluster does on these
-  features, so the most a server that fits the output layer per fingerprint (issue 48's ridge
-  server) could reach without moving the layers under it;
+  features of that cluster's training clients: what an output layer fitted per cluster reaches on
+  these features, about the most that a server fitting the output layer to each fingerprint could
+  reach without moving the layers under it;
 - ``client probe``: one fitted on each client's own training features.
 
 Also the own head's accuracy on the clients' training images (how far the run fit its data).
 Accuracies are over all test (training) images, as the run's history weights them. Writes a
-Markdown table to ``--out``; the runs' data come from ``--data-dir`` or ``$FEDCOND_DATA_DIR`` (else
-where the run found them):
+Markdown table (``probe.md``) and ``metrics.csv`` into the folder ``--out``; the runs' data come
+from ``--data-dir`` or ``$FEDCOND_DATA_DIR`` (else where the run found them):
 
-    .venv/bin/python experiments/head_probe.py RUN_FOLDER [RUN_FOLDER ...] --out FILE.md
+    .venv/bin/python experiments/head_probe.py RUN_FOLDER [RUN_FOLDER ...] --out FOLDER
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +42,7 @@ BATCH = 500
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="finished run folders (run.json and checkpoint.pt)")
-    parser.add_argument("--out", type=Path, required=True, help="the Markdown file to write")
+    parser.add_argument("--out", type=Path, required=True, help="the folder to write probe.md and metrics.csv in")
     parser.add_argument("--data-dir", default=os.environ.get("FEDCOND_DATA_DIR", ""), help="folder holding the data")
     parsed = parser.parse_args(argv)
     for folder in parsed.runs:
@@ -48,8 +51,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
                 f"{folder} has no run.json and checkpoint.pt; give a finished run's folder (rerun it if its "
                 "checkpoint is gone)"
             )
-    if parsed.out.exists():
-        parser.error(f"{parsed.out} exists; give another --out or move it away")
+    if parsed.out.exists() and any(parsed.out.iterdir()):
+        parser.error(f"{parsed.out} is not empty; give a new --out folder or move its files away")
     return parsed
 
 
@@ -76,7 +79,7 @@ def client_outputs(model, images: np.ndarray, condition: np.ndarray | None) -> t
     return np.concatenate(hidden), np.concatenate(predicted)
 
 
-def probe_run(folder: Path, data_dir: str) -> dict[str, float]:
+def probe_run(folder: Path, data_dir: str) -> tuple[Any, dict[str, float]]:
     from fedcond import fingerprint as fp
     from fedcond.checkpoint import GLOBAL_MODEL, load_checkpoint, recorded_settings, run_info
     from fedcond.client_data import client_fingerprint, load_client_data
@@ -133,13 +136,39 @@ def probe_run(folder: Path, data_dir: str) -> dict[str, float]:
         probe = fitted_probe(train_hidden, client.train_y)
         client_correct += int(np.sum(probe.predict(test_hidden) == client.test_y))
     recorded = checkpoint.history[-1].accuracy
-    return {
+    return config, {
         "recorded": recorded,
         "own head": own,
         "cluster probe": cluster_correct / tests,
         "client probe": client_correct / tests,
         "own head, training images": own_train,
     }
+
+
+#: The probes' rows in metrics.csv: the run's label with this suffix (its own head: the label alone).
+PROBES = {"cluster probe": "+cluster-probe", "client probe": "+client-probe"}
+
+
+def run_label(folder: Path, method: str) -> str:
+    """The method's label in a sweep's run folder name (``..._method-LABEL_seed-0``), else ``method``."""
+    found = re.search(r"(?:^|_)method-([^_]+)", folder.name)
+    return found.group(1) if found else method
+
+
+def metrics_rows(folder: Path, config, scores: dict[str, float]) -> list[dict[str, object]]:
+    """The run's rows of metrics.csv: its own head (with its training accuracy) and each probe, as
+    methods of their own, so that the prose checker reads them as it reads a sweep's."""
+    label = run_label(folder, config.method)
+    common = {"dataset": config.dataset, "scenario": config.scenario, "num_clusters": config.num_clusters,
+              "clients_per_cluster": config.clients_per_cluster, "seed": config.seed,
+              "round": config.num_server_rounds}  # fmt: skip
+    own = {
+        **common,
+        "method": label,
+        "accuracy": scores["own head"],
+        "train_accuracy": scores["own head, training images"],
+    }
+    return [own, *({**common, "method": label + suffix, "accuracy": scores[name]} for name, suffix in PROBES.items())]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -149,24 +178,31 @@ def main(argv: list[str] | None = None) -> None:
         "# The output layer against the layers under it: linear probes of finished runs' hidden features",
         "",
         "Generated by `experiments/head_probe.py` (its docstring says what each column is); test",
-        "accuracy over all clients' test images unless the column says training.",
+        "accuracy over all clients' test images unless the column says training. metrics.csv holds",
+        f"the same numbers, each probe as a method of its own (the run's label + {', '.join(PROBES.values())}).",
         "",
         "| run | " + " | ".join(columns) + " |",
         "|---|" + "---|" * len(columns),
     ]
+    rows: list[dict[str, object]] = []
     for folder in parsed.runs:
         print(folder.name, flush=True)
-        scores = probe_run(folder.resolve(), parsed.data_dir)
+        config, scores = probe_run(folder.resolve(), parsed.data_dir)
         if abs(scores["own head"] - scores["recorded"]) > 5e-4:
             sys.exit(
                 f"{folder}: the rebuilt model scores {scores['own head']:.4f}, the run recorded "
                 f"{scores['recorded']:.4f}"
             )
         lines.append(f"| {folder.name} | " + " | ".join(f"{scores[column]:.4f}" for column in columns) + " |")
+        rows.extend(metrics_rows(folder, config, scores))
         print(lines[-1], flush=True)
-    parsed.out.parent.mkdir(parents=True, exist_ok=True)
-    parsed.out.write_text("\n".join([*lines, ""]))
-    print(f"wrote {parsed.out}")
+    parsed.out.mkdir(parents=True, exist_ok=True)
+    (parsed.out / "probe.md").write_text("\n".join([*lines, ""]))
+    with (parsed.out / "metrics.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {parsed.out / 'probe.md'} and metrics.csv")
 
 
 if __name__ == "__main__":

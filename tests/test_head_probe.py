@@ -4,6 +4,8 @@ probe before it starts."""
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 
 from fedcond.tools.in_process import run_in_process
@@ -26,27 +28,30 @@ def finished_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("method", ["scaled-hyper", "oracle"])
 def test_the_rebuilt_models_score_what_the_run_recorded(finished_runs, method):
-    scores = load_script("experiments/head_probe.py").probe_run(finished_runs[method], "")
+    _, scores = load_script("experiments/head_probe.py").probe_run(finished_runs[method], "")
     assert scores["own head"] == pytest.approx(scores["recorded"], abs=1e-9)
     assert 0.0 < scores["cluster probe"] <= 1.0 and 0.0 < scores["client probe"] <= 1.0
 
 
-def test_it_writes_one_row_per_run(finished_runs, tmp_path):
-    out = tmp_path / "probe.md"
+def test_it_writes_a_table_row_per_run_and_a_metrics_row_per_head(finished_runs, tmp_path):
+    out = tmp_path / "probe"
     load_script("experiments/head_probe.py").main(
         [str(folder) for folder in finished_runs.values()] + ["--out", str(out)]
     )
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| run")]
-    assert [row.split(" | ")[0][2:] for row in rows] == list(finished_runs)
+    table = [line for line in (out / "probe.md").read_text().splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0][2:] for row in table[1:]] == list(finished_runs)
+    methods = [row["method"] for row in csv.DictReader((out / "metrics.csv").open())]
+    assert methods == [f"{run}{suffix}" for run in finished_runs for suffix in ("", "+cluster-probe", "+client-probe")]
 
 
-def test_it_refuses_a_folder_without_a_checkpoint_and_an_existing_out(finished_runs, tmp_path, capsys):
+def test_it_refuses_a_folder_without_a_checkpoint_and_a_used_out_folder(finished_runs, tmp_path, capsys):
     script = load_script("experiments/head_probe.py")
     with pytest.raises(SystemExit):
-        script.main([str(tmp_path), "--out", str(tmp_path / "probe.md")])
+        script.main([str(tmp_path), "--out", str(tmp_path / "probe")])
     assert "has no run.json and checkpoint.pt" in capsys.readouterr().err
-    existing = tmp_path / "existing.md"
+    (tmp_path / "used").mkdir()
+    existing = tmp_path / "used" / "probe.md"
     existing.write_text("kept")
     with pytest.raises(SystemExit):
-        script.main([str(finished_runs["oracle"]), "--out", str(existing)])
-    assert "exists; give another --out" in capsys.readouterr().err and existing.read_text() == "kept"
+        script.main([str(finished_runs["oracle"]), "--out", str(tmp_path / "used")])
+    assert "is not empty; give a new --out" in capsys.readouterr().err and existing.read_text() == "kept"
