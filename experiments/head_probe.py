@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import os
 import re
 import sys
@@ -34,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
 #: Images per forward pass.
 BATCH = 500
 
@@ -65,17 +65,21 @@ def fitted_probe(features: np.ndarray, labels: np.ndarray):
 
 
 def client_outputs(model, images: np.ndarray, condition: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(hidden features, the model's predicted labels) of ``images``."""
+    """(hidden features, the model's predicted labels) of ``images``: one pass through the conv
+    layers feeds both, the labels computed from the features as the model's ``forward`` does."""
     import torch
 
+    from fedcond.models import conditioned_logits
+
+    first, activation, _ = model.classifier
+    cond = None if condition is None else torch.from_numpy(condition).float()[None]
     hidden, predicted = [], []
     with torch.no_grad():
         for start in range(0, len(images), BATCH):
-            batch = torch.from_numpy(images[start : start + BATCH])
-            cond = None if condition is None else torch.from_numpy(condition).float()[None]
-            first, activation, _ = model.classifier
-            hidden.append(activation(first(model.features(batch))).numpy())
-            predicted.append(model(batch, cond).argmax(1).numpy())
+            features = model.features(torch.from_numpy(images[start : start + BATCH]))
+            hidden.append(activation(first(features)).numpy())
+            logits = model.classifier(features) if cond is None else conditioned_logits(model, features, cond)
+            predicted.append(logits.argmax(1).numpy())
     return np.concatenate(hidden), np.concatenate(predicted)
 
 
@@ -101,21 +105,23 @@ def probe_run(folder: Path, data_dir: str) -> tuple[Any, dict[str, float]]:
     clients = [load_client_data(config, partition) for partition in range(config.num_clients)]
     assignment = checkpoint.values.get("assignment", {})
 
-    def model_of(partition: int):
-        name = GLOBAL_MODEL if GLOBAL_MODEL in checkpoint.models else f"cluster-{assignment[str(partition)]}"
+    @functools.cache
+    def model_named(name: str):
         model = build_run_model(config, clients[0].num_classes, conditioned)
         set_weights(model, checkpoint.models[name])
         return model.eval()
 
+    if conditioned:
+        mean = array_from_bytes(shared[FINGERPRINT_MEAN], FINGERPRINT_MEAN)
+        std = array_from_bytes(shared[FINGERPRINT_STD], FINGERPRINT_STD)
     rows = []
     for client in clients:
         condition = None
         if conditioned:
-            mean = array_from_bytes(shared[FINGERPRINT_MEAN], FINGERPRINT_MEAN)
-            std = array_from_bytes(shared[FINGERPRINT_STD], FINGERPRINT_STD)
             raw = client_fingerprint(config, client)
             condition = fp.normalise(raw, config.normalisation, mean, std).astype(np.float32)
-        model = model_of(client.partition_id)
+        pid = client.partition_id
+        model = model_named(GLOBAL_MODEL if GLOBAL_MODEL in checkpoint.models else f"cluster-{assignment[str(pid)]}")
         train_hidden, train_predicted = client_outputs(model, client.train_x, condition)
         test_hidden, test_predicted = client_outputs(model, client.test_x, condition)
         rows.append((client, train_hidden, train_predicted, test_hidden, test_predicted))

@@ -17,9 +17,9 @@ from fedcond.aggregation import (
     top_k_neighbours,
 )
 from fedcond.model_store import CLIENT_MODELS_MEMORY_MB, SPILL_FOLDER, SpillingModels
-from fedcond.models import build_run_model, trained_arrays
+from fedcond.models import build_run_model, get_weights, trained_arrays
 from fedcond.newcomers import random_peer
-from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
+from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.round_tracking import parameters_bytes
 
 
@@ -45,8 +45,11 @@ class PeerToPeer(FedcondStrategy):
 
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs)
+        model = build_run_model(inputs.config, inputs.num_classes, inputs.conditioned)
         #: Partition id -> that client's model.
-        self.models = self.client_models(initial_weights(inputs))
+        self.models = self.client_models(get_weights(model))
+        #: Per array of a model: whether it is a trained weight (what DAC compares; buffers are not).
+        self.trained = trained_arrays(model)
         self.model_bytes = parameters_bytes(ndarrays_to_parameters(self.models.initial))
 
     def client_models(self, initial: Model) -> SpillingModels:
@@ -120,11 +123,6 @@ class DacStrategy(PeerToPeer):
     """
 
     options = (*PeerToPeer.options, DAC_NEIGHBOURS)
-
-    def __init__(self, inputs: StrategyInputs) -> None:
-        super().__init__(inputs)
-        #: Per array of a model: whether it is a trained weight, the part of a model DAC compares.
-        self.trained = trained_arrays(build_run_model(inputs.config, inputs.num_classes, inputs.conditioned))
 
     def newcomer_parameters(self, partition_id: int) -> Parameters:
         """Every training client's model, one after another: the newcomer averages the ones with the

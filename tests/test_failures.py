@@ -124,7 +124,7 @@ def strategy_for(method: str, tmp_path: Path | None = None, **settings: object) 
     strategy_class = get_method(method).strategy
     assert strategy_class is not None
     strategy = strategy_class(StrategyInputs(config, 10, False, recorder, scenario=scenario_for(config)))
-    if hasattr(strategy, "trained"):  # DAC compares trained arrays: here those of FakeNode's replies
+    if hasattr(strategy, "trained"):  # Gossip's and DAC's mask of trained arrays: here FakeNode's replies
         strategy.trained = [True] * len(layer_model(0.0))
     return strategy
 
