@@ -5,7 +5,9 @@ data (``fedcond.client_data.client_fingerprint``; with ``fingerprint-epsilon`` n
 release entered in the privacy ledger), keeping it in ``context.state`` (it is never sent as such),
 normalising it with the federation's published statistics, feeding it to the model, and this
 client's part of those statistics: (f, f^2, 1) as exact digits for SecAgg+'s sum before round 1
-(``strategies/conditional.py`` runs that sum).
+(``strategies/conditional.py`` runs that sum). With ``head-fit = "ridge"`` it trains its generated
+output layer as a plain one and returns what the server's fit of the generator needs
+(``fedcond/head_fit.py``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from flwr.common import ArrayRecord
 
 from clients.fedcond_client import FedcondClient, Fitted
 from fedcond import fingerprint as fp
-from fedcond import statistics_encoding
+from fedcond import head_fit, statistics_encoding
 from fedcond.client_data import client_fingerprint
-from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, STEP, STEP_STATISTICS, array_from_bytes
+from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, STEP, STEP_STATISTICS, TRAIN_LOSS, array_from_bytes
+from fedcond.models import get_weights
 from fedcond.privacy import private_fingerprint
 
 FINGERPRINT_KEY = "fingerprint"
@@ -31,6 +34,7 @@ class ConditionalClient(FedcondClient):
     """A client of ``conditional`` (and its variants): FedAvg's behaviour, the model fed the fingerprint."""
 
     conditioned: ClassVar[bool] = True
+    options = (head_fit.HEAD_FIT,)
 
     def raw_fingerprint(self) -> np.ndarray:
         """The fingerprint before normalisation: with ``fingerprint-epsilon``, noised once, here, and
@@ -65,6 +69,23 @@ class ConditionalClient(FedcondClient):
         if round_config.get(STEP) == STEP_STATISTICS:
             return self.statistics_contribution()
         return super().fit_instruction(parameters, round_config)
+
+    def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
+        if not head_fit.fits_by_ridge(self.run_config):
+            return super().train_round(parameters, round_config)
+        # head-fit=ridge: the generated head trains as a plain layer; the reply is the trunk, the
+        # products s~ (x) dH in the output layer's arrays, then s~ s~^T (fedcond/head_fit.py).
+        self.receive(self.model, parameters)
+        condition = head_fit.augmented(self.condition(round_config), self.model.condition_scale)
+        with head_fit.PlainHead(self.model, condition) as head:
+            loss = self.train_locally(self.model, round_config, term=self.local_term(parameters))
+        self.keep_local_norm()
+        arrays = get_weights(self.model)
+        moment, gram = head_fit.client_products(condition, head.change())
+        for index, array in zip(head_fit.head_indices(list(self.model.state_dict())),
+                                head_fit.generator_arrays(moment, np.float32), strict=True):  # fmt: skip
+            arrays[index] = array
+        return [*arrays, gram.astype(np.float32)], len(self.data.train_y), {TRAIN_LOSS: loss}
 
     def statistics_contribution(self) -> Fitted:
         """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1

@@ -3,21 +3,28 @@
 Its one step of its own comes before round 1: with ``normalisation = "federated"`` the server sums
 every training client's (f, f^2, 1) through Flower's SecAgg+ and sends every client the mean and
 standard deviation that result (``clients/conditional.py`` computes and normalises its own
-fingerprint with them). Rounds are FedAvg's (``strategies/fedavg.py``).
+fingerprint with them). Rounds are FedAvg's (``strategies/fedavg.py``); with ``head-fit = "ridge"``
+the output layer's generator is not averaged but ridge-fitted to the clients' head changes from the
+same means (``fedcond/head_fit.py``).
 """
 
 from __future__ import annotations
 
-from flwr.common import FitIns
+import numpy as np
+from flwr.common import FitIns, Parameters
 from flwr.server.client_manager import ClientManager
 
 from fedcond import fingerprint as fp
+from fedcond import head_fit
 from fedcond import statistics_encoding as statistics
+from fedcond.aggregation import Model
+from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
 from fedcond.models import run_fingerprint_size
 from fedcond.participation import STATISTICS, RoundParticipation
 from strategies.base import EMPTY
+from strategies.client_dp import CLIENT_DP
 from strategies.declaration import Declaration, Facts
 from strategies.fedavg import FedcondFedAvg
 from strategies.membership import PartitionProxy
@@ -28,7 +35,47 @@ class ConditionalFedAvg(FedcondFedAvg):
 
     A held-out client evaluates the global model fed its own fingerprint; it is not in the sum (it
     stands for a client that joins later) and receives the published statistics.
+
+    With ``head-fit = "ridge"`` each reply's mean carries the clients' products in the output layer's
+    place and their Gram matrix after the model: the new generator is the ridge fit, the rest of
+    the model the average, then FedAvgM's step if configured (``stepped``).
     """
+
+    options = (*FedcondFedAvg.options, head_fit.HEAD_FIT_RIDGE)
+
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        super().check(config)
+        head_fit.check_head_fit(config)
+        if head_fit.fits_by_ridge(config) and CLIENT_DP.of(config) != "off":
+            raise FedcondError(
+                "client-dp clips and noises each reply as one model update, and head-fit=ridge replies carry the "
+                "head fit's products instead; set head-fit=average, or client-dp=off"
+            )
+
+    def stepped(self, average: Model) -> Parameters:
+        if head_fit.fits_by_ridge(self.inputs.config):
+            average = self.fitted_head(average)
+        return super().stepped(average)
+
+    def fitted_head(self, mean: Model) -> Model:
+        """The round's model average with the generator ridge-fitted from the means of the clients'
+        products (the arrays in the output layer's place, and the Gram matrix after the model)."""
+        if len(mean) != len(self.current) + 1:
+            raise FedcondError(
+                f"head-fit=ridge expects the model's {len(self.current)} arrays and a Gram matrix in each reply, "
+                f"got {len(mean)}; server and clients disagree on head-fit"
+            )
+        *model, gram = mean
+        indices = head_fit.head_indices(self.array_names)
+        generator = head_fit.generator_of(*(self.current[index] for index in indices))
+        moment = head_fit.generator_of(*(model[index] for index in indices))
+        ridge = head_fit.HEAD_FIT_RIDGE.of(self.inputs.config)
+        fitted = head_fit.ridge_step(generator, moment, np.asarray(gram), ridge)
+        dtype = self.current[indices[0]].dtype
+        for index, array in zip(indices, head_fit.generator_arrays(fitted, dtype), strict=True):
+            model[index] = array
+        return model
 
     def set_up(self, client_manager: ClientManager) -> None:
         if self.inputs.config.normalisation == "federated":

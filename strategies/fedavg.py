@@ -46,6 +46,8 @@ class FedcondFedAvg(FedcondStrategy):
         super().__init__(inputs)
         model = build_run_model(inputs.config, inputs.num_classes, inputs.conditioned)
         self.initial = get_weights(model)
+        #: The model's arrays by name, in ``state_dict`` order (what travels).
+        self.array_names = list(model.state_dict())
         self.server_momentum = ServerMomentum.of(inputs.config, trained_arrays(model))
         #: The global model the round's clients received (what FedAvgM steps from).
         self.current: Model = self.initial
