@@ -47,8 +47,8 @@ HEAD_FIT = Option(
 HEAD_FIT_RIDGE = Option(
     "head-fit-ridge",
     0.1,
-    "`head-fit=ridge`: the ridge of the server's fit; a client alone keeps |s~|^2 / (|s~|^2 + ridge) of its "
-    "head's change (|s~|^2 is about 2 with `condition-scale=unit`)",
+    "`head-fit=ridge`: the ridge of the server's fit; a client alone keeps n / (n + ridge) of its head's change, "
+    "n = ‖[1, s]‖² (about 2 with `condition-scale=unit`)",
     minimum=0.0,
 )
 HEAD_FITS = ("average", "ridge")
