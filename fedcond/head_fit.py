@@ -21,8 +21,10 @@ the least-squares generator change that gives each client its own head change, s
 Clients whose fingerprints are the same share their mean change; clients whose fingerprints differ
 in independent directions keep theirs apart; ``ridge`` pools fingerprints that differ only slightly
 (one client alone keeps ``|s~|^2 / (|s~|^2 + ridge)`` of its change). Means are what SecAgg+ and the
-streamed average give the server, so the step works under both; the fingerprint itself never
-leaves the client, only its outer products with itself and with the head's change. The step is the
+streamed average give the server, so the step works under both. Privacy is the averaged generator's:
+one client's ``s~ s~^T`` in the clear gives its fingerprint up to sign, as one client's plain update
+of a hyper head does (``tests/test_adversary.py``); under SecAgg+ the server sees the means alone, and
+with ``fingerprint-epsilon`` both products are computed from the noised fingerprint. The step is the
 same whatever scale the fingerprint is read at, up to ``ridge``.
 """
 
