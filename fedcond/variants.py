@@ -51,6 +51,21 @@ VARIANTS = {
             ("server-momentum", 0.5),
         ),
     ),
+    # scaled-hyper-momentum with the server fitting the generated head by ridge regression instead of
+    # averaging it (fedcond/head_fit.py, docs/instability.md): no loss on digits, where averaging
+    # mixes five groups' heads.
+    "scaled-hyper-ridge": Variant(
+        "conditional",
+        "scaled-hyper-momentum whose server ridge-fits the generated head to the clients' trained heads (head-fit=ridge)",
+        (
+            ("fingerprint", "class-mean"),
+            ("conditioning", "hyper"),
+            ("condition-scale", "unit"),
+            ("hyper-init", "zero"),
+            ("server-momentum", 0.5),
+            ("head-fit", "ridge"),
+        ),
+    ),
 }
 
 

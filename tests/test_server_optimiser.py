@@ -124,7 +124,7 @@ def test_a_variant_may_fix_a_method_option_and_a_clientapp_reads_it_from_flowers
     from fedcond.tools.flwr_commands import default_config
     from fedcond.variants import VARIANTS
 
-    (name,) = [name for name, variant in VARIANTS.items() if dict(variant.settings).get("server-momentum")]
+    name, *_ = [name for name, variant in VARIANTS.items() if dict(variant.settings).get("server-momentum")]
     fixed = dict(VARIANTS[name].settings)["server-momentum"]
     assert SERVER_MOMENTUM.of(run_config({"method": name})) == fixed
     with pytest.raises(FedcondError, match=f"method={name} is conditional with server-momentum={fixed}"):
