@@ -56,7 +56,7 @@ VARIANTS = {
     # mixes five groups' heads.
     "scaled-hyper-ridge": Variant(
         "conditional",
-        "scaled-hyper-momentum whose server ridge-fits the generated head to the clients' trained heads (head-fit=ridge)",
+        "scaled-hyper-momentum whose server ridge-fits the generated head to the clients' own (head-fit=ridge)",
         (
             ("fingerprint", "class-mean"),
             ("conditioning", "hyper"),
