@@ -281,6 +281,11 @@ class FedcondStrategy(Strategy):
         models, all the server learns (only strategies whose ``secure_aggregation_refusal`` is None)."""
         raise FedcondError(f"secure-aggregation=secaggplus cannot serve this method: {self.secure_aggregation_refusal}")
 
+    def reply_extra_shapes(self) -> list[tuple[int, ...]]:
+        """The shapes of the arrays a fit reply carries after its model (or each named part), in
+        order: none here (``head-fit=ridge``: the Gram matrix, ``strategies/conditional.py``)."""
+        return []
+
     def answer_floor(self) -> int:
         """The fewest clients that must answer a round, whatever ``min-answered-fraction`` says."""
         return 1

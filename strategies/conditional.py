@@ -53,6 +53,12 @@ class ConditionalFedAvg(FedcondFedAvg):
                 "head fit's products instead; set head-fit=average, or client-dp=off"
             )
 
+    def reply_extra_shapes(self) -> list[tuple[int, ...]]:
+        if not head_fit.fits_by_ridge(self.inputs.config):
+            return []
+        size = len(head_fit.generator_of(*(self.current[index] for index in head_fit.head_indices(self.array_names))))
+        return [(size, size)]
+
     def stepped(self, average: Model) -> Parameters:
         if head_fit.fits_by_ridge(self.inputs.config):
             average = self.fitted_head(average)
@@ -61,7 +67,7 @@ class ConditionalFedAvg(FedcondFedAvg):
     def fitted_head(self, mean: Model) -> Model:
         """The round's model average with the generator ridge-fitted from the means of the clients'
         products (the arrays in the output layer's place, and the Gram matrix after the model)."""
-        if len(mean) != len(self.current) + 1:
+        if len(mean) != len(self.current) + len(self.reply_extra_shapes()):
             raise FedcondError(
                 f"head-fit=ridge expects the model's {len(self.current)} arrays and a Gram matrix in each reply, "
                 f"got {len(mean)}; server and clients disagree on head-fit"

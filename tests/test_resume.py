@@ -412,10 +412,11 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     shapes = [array.shape for array in initial_weights(inputs)]
 
     def reply(pid: int) -> FitRes:
-        """A trained model (and whatever else the method's reply names) of random arrays."""
+        """A trained model (and whatever else the method's reply names or carries after it) of random arrays."""
         parts = {name: [rng.normal(size=shape).astype(np.float32) for shape in shapes]
                  for name in strategy_class.reply_parts or ("model",)}  # fmt: skip
         arrays, names = pack_parts(parts)
+        arrays += [rng.normal(size=shape).astype(np.float32) for shape in before.reply_extra_shapes()]
         named = {PAYLOAD_PARTS: names} if strategy_class.reply_parts else {}
         return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 10 + pid,
                       {TRAIN_LOSS: 0.0, CHOICE: (pid + 1) % 2, **named})  # fmt: skip
