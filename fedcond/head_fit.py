@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedcond.conditioning.hyper import GENERATOR, HEAD_BIAS, HEAD_WEIGHT, head_of
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 
@@ -55,8 +56,7 @@ HEAD_FIT_RIDGE = Option(
 )
 HEAD_FITS = ("average", "ridge")
 
-#: The output layer's arrays: the shared head W0, b0 and the generator's blocks W_j | b_j.
-HEAD_WEIGHT, HEAD_BIAS, GENERATOR = "classifier.2.weight", "classifier.2.bias", "hyper.weight"
+#: The output layer's arrays (``fedcond/conditioning/hyper.py``), in the order G is built from them.
 HEAD_ARRAYS = (HEAD_WEIGHT, HEAD_BIAS, GENERATOR)
 
 
@@ -91,8 +91,7 @@ def head_indices(names: Sequence[str]) -> tuple[int, int, int]:
 
 def generator_of(weight: np.ndarray, bias: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     """G, (d + 1, classes, hidden + 1): row 0 the shared head [W0 | b0], row j the block [W_j | b_j]."""
-    base = np.concatenate([weight, bias[:, None]], axis=1)
-    return np.concatenate([base[None], blocks], axis=0).astype(np.float64)
+    return np.concatenate([head_of(weight, bias)[None], blocks], axis=0).astype(np.float64)
 
 
 def generator_arrays(generator: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -132,14 +131,12 @@ def ridge_step(generator: np.ndarray, moment: np.ndarray, gram: np.ndarray, ridg
 class PlainHead:
     """The client's generated output layer written into the base head, with the generator's blocks
     held at zero and frozen: the model then computes s~ . G as before, and trains it as a plain layer
-    (the steps of Oracle's or FedAvg's head). Restores the blocks' ``requires_grad`` on exit; the
-    trained head is read with ``trained``."""
+    (the steps of Oracle's or FedAvg's head). Restores the blocks' ``requires_grad`` on exit; what
+    training changed is ``change``."""
 
     def __init__(self, model: nn.Module, condition: np.ndarray) -> None:
         self.model = model
-        self.condition = condition
-        self.generator = generator_of(*(self._array(name) for name in HEAD_ARRAYS))
-        self.head = generated_head(self.generator, condition)
+        self.head = generated_head(generator_of(*(self._array(name) for name in HEAD_ARRAYS)), condition)
 
     def _array(self, name: str) -> np.ndarray:
         return self.model.state_dict()[name].detach().cpu().numpy()
@@ -159,5 +156,4 @@ class PlainHead:
 
     def change(self) -> np.ndarray:
         """The trained head minus the generated one it started from, (classes, hidden + 1)."""
-        trained = generator_of(self._array(HEAD_WEIGHT), self._array(HEAD_BIAS), self._array(GENERATOR)[:0])
-        return trained[0] - self.head
+        return head_of(self._array(HEAD_WEIGHT), self._array(HEAD_BIAS)) - self.head

@@ -56,7 +56,8 @@ class ConditionalFedAvg(FedcondFedAvg):
     def reply_extra_shapes(self) -> list[tuple[int, ...]]:
         if not head_fit.fits_by_ridge(self.inputs.config):
             return []
-        size = len(head_fit.generator_of(*(self.current[index] for index in head_fit.head_indices(self.array_names))))
+        # G has a row per fingerprint value (the generated blocks) and one for the shared head.
+        size = len(self.current[self.array_names.index(head_fit.GENERATOR)]) + 1
         return [(size, size)]
 
     def stepped(self, average: Model) -> Parameters:

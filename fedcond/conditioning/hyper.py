@@ -14,6 +14,15 @@ from torch import nn
 
 from fedcond.conditioning.base import Mechanism
 
+#: The output layer's arrays in a hyper-conditioned model: the shared head W0, b0 (``classifier[2]``)
+#: and the generated blocks W_j | b_j, one per fingerprint dimension.
+HEAD_WEIGHT, HEAD_BIAS, GENERATOR = "classifier.2.weight", "classifier.2.bias", "hyper.weight"
+
+
+def head_of(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """An output layer as one (classes, hidden + 1) array [W | b], the layout of a generated block."""
+    return np.concatenate([weight, bias[:, None]], axis=1)
+
 
 class HyperHead(nn.Module):
     """The generated part of the output layer: W_j, b_j for every fingerprint dimension j in
@@ -57,8 +66,8 @@ class Hyper(Mechanism):
 
     def linear_blocks(self, model: nn.Module, update: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         # W_j is multiplied by s_j where the base head W0 | b0 is multiplied by 1: grad W_j = s_j grad [W0 | b0].
-        head = np.concatenate([update["classifier.2.weight"], update["classifier.2.bias"][:, None]], axis=1)
-        return update["hyper.weight"].reshape(model.condition_dim, -1), head.ravel()
+        head = head_of(update[HEAD_WEIGHT], update[HEAD_BIAS])
+        return update[GENERATOR].reshape(model.condition_dim, -1), head.ravel()
 
     @functools.cache  # noqa: B019 (one mechanism object for the process)
     def register_grad_samplers(self) -> None:
