@@ -40,6 +40,9 @@ from fedcond.messages import (
     STEP,
     STEP_IDENTITY,
     TRAIN_LOSS,
+    VALIDATION_ACCURACY,
+    VALIDATION_EXAMPLES,
+    VALIDATION_KEYS,
     array_to_bytes,
 )
 from fedcond.metrics import PER_CLASS_ACCURACY
@@ -192,6 +195,10 @@ class FedcondClient(NumPyClient):
         condition = self.condition(round_config)
         result = self.evaluate_on(model, self.data.test_x, self.data.test_y, condition)
         metrics: dict[str, object] = {ACCURACY: result.accuracy}
+        if self.data.has_validation:
+            # The same model on the held-out share of the training data: what settings are chosen on.
+            validation = self.evaluate_on(model, self.data.validation_x, self.data.validation_y, condition)
+            metrics |= {VALIDATION_ACCURACY: validation.accuracy, VALIDATION_EXAMPLES: validation.num_samples}
         if self.scores_every_class(round_config) and result.class_correct is not None:
             counts = np.bincount(self.data.test_y, minlength=len(result.class_correct))
             metrics |= {CLASS_CORRECT: array_to_bytes(result.class_correct, INT64),
@@ -292,7 +299,8 @@ class FedcondClient(NumPyClient):
         if evaluated is not None:
             loss, examples, evaluation = evaluated
             metrics = {**metrics, EVALUATED_LOSS: loss, EVALUATED_EXAMPLES: examples,
-                       EVALUATED_ACCURACY: evaluation[ACCURACY]}  # fmt: skip
+                       EVALUATED_ACCURACY: evaluation[ACCURACY],
+                       **{key: evaluation[key] for key in VALIDATION_KEYS if key in evaluation}}  # fmt: skip
         return weights, num_examples, {**metrics, **self.privacy_metrics()}
 
     def evaluate_received(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:

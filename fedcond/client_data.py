@@ -12,7 +12,7 @@ import json
 import os
 import zipfile
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +34,19 @@ class ClientData:
     train_y: np.ndarray
     test_x: np.ndarray
     test_y: np.ndarray
+    #: The share of its training data held out for choosing settings (``validation-fraction``; empty
+    #: without): scored every round, never trained on nor fingerprinted.
+    validation_x: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    validation_y: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
-        return sum(array.nbytes for array in (self.train_x, self.train_y, self.test_x, self.test_y))
+        arrays = (self.train_x, self.train_y, self.test_x, self.test_y, self.validation_x, self.validation_y)
+        return sum(array.nbytes for array in arrays)
+
+    @property
+    def has_validation(self) -> bool:
+        return len(self.validation_y) > 0
 
 
 def rotate_images(images: np.ndarray, degrees: float) -> np.ndarray:
@@ -73,6 +82,14 @@ def client_data_from_partition(
         train_y=mapped(train_labels[partition.train_indices]),
         test_x=rotate_images(test_images[partition.test_indices], partition.rotation),
         test_y=mapped(test_labels[partition.test_indices]),
+        **(
+            {
+                "validation_x": rotate_images(train_images[partition.validation_indices], partition.rotation),
+                "validation_y": mapped(train_labels[partition.validation_indices]),
+            }
+            if len(partition.validation_indices)
+            else {}
+        ),
     )
 
 
@@ -146,10 +163,12 @@ def save_partition(data: ClientData, config: RunConfig, path: Path) -> None:
     """Write one client's arrays (labels already mapped, images already rotated) and the split's settings."""
     path.parent.mkdir(parents=True, exist_ok=True)
     settings = json.dumps(split_settings(config), sort_keys=True)
+    # Only a split with validation writes its arrays: every other file is as it always was.
+    validation = {"validation_x": data.validation_x, "validation_y": data.validation_y} if data.has_validation else {}
     with path.open("wb") as handle:  # an open handle keeps numpy from appending a second ".npz"
         np.savez_compressed(
             handle,
-            train_x=data.train_x, train_y=data.train_y, test_x=data.test_x, test_y=data.test_y,
+            train_x=data.train_x, train_y=data.train_y, test_x=data.test_x, test_y=data.test_y, **validation,
             partition_id=data.partition_id, cluster=data.cluster, num_classes=data.num_classes,
             settings=np.array(settings),
         )  # fmt: skip
@@ -179,6 +198,8 @@ def load_partition_file(path: Path, config: RunConfig, partition_id: int) -> Cli
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         raise FedcondError(f"{path} is not a readable partition file ({error}); {fix}") from None
     missing = {"train_x", "train_y", "test_x", "test_y", "partition_id", "cluster", "num_classes", "settings"}
+    if config.validation_fraction:
+        missing |= {"validation_x", "validation_y"}
     missing -= set(arrays)
     if missing:
         raise FedcondError(f"{path} lacks {', '.join(sorted(missing))}; {fix}")
@@ -204,6 +225,7 @@ def load_partition_file(path: Path, config: RunConfig, partition_id: int) -> Cli
         train_y=arrays["train_y"],
         test_x=arrays["test_x"],
         test_y=arrays["test_y"],
+        **{key: arrays[key] for key in ("validation_x", "validation_y") if config.validation_fraction},
     )
 
 
@@ -220,7 +242,7 @@ def check_partition_arrays(arrays: dict[str, np.ndarray], config: RunConfig, whe
     # No scenario has more classes than its dataset (superclasses, groupings and domains have fewer or as many).
     if not 1 <= num_classes <= spec.num_classes:
         raise FedcondError(f"{where} claims {num_classes} classes, {config.dataset} has {spec.num_classes}; {fix}")
-    for split in ("train", "test"):
+    for split in ("train", "test", *(("validation",) if config.validation_fraction else ())):
         images, labels = arrays[f"{split}_x"], arrays[f"{split}_y"]
         if images.shape[1:] != spec.input_shape or labels.shape != images.shape[:1]:
             raise FedcondError(

@@ -34,6 +34,9 @@ MAX_SEED = 2**32 - 1
 # (794 for MNIST's pixels + labels): beyond 1024 a run only pays memory and time for zero padding.
 MAX_FINGERPRINT_DIM = 1024
 MAX_ENSEMBLE_SIZE = 64
+#: At most just under half of a client's training data is held out for validation: more would leave
+#: it training on less than it is scored on.
+MAX_VALIDATION_FRACTION = 0.5
 
 
 def setting(
@@ -98,6 +101,13 @@ class RunConfig:
     )
     data_fraction: float = setting(
         1.0, "scenario", "a uniform subsample of every cluster's train and test data, for quick runs; in (0, 1]"
+    )
+    validation_fraction: float = setting(
+        0.0,
+        "scenario",
+        "a seeded, class-stratified share of every client's training data held out for choosing settings: never "
+        "trained on nor fingerprinted, scored each round (history.csv validation_accuracy); 0 = the paper's "
+        "protocol; in [0, 0.5)",
     )
     covariate_clusters: int = setting(
         2, "scenario", "C, the covariate clusters per concept group in `combined` (K = 2C), 1..4"
@@ -285,6 +295,11 @@ class RunConfig:
         check_drift(self.drift_fraction, self.drift_round, self.num_server_rounds, self.drift_fingerprint)
         if not 0 < self.data_fraction <= 1:
             raise FedcondError(f"data-fraction must be in (0, 1] (got {self.data_fraction})")
+        if not 0 <= self.validation_fraction < MAX_VALIDATION_FRACTION:
+            raise FedcondError(
+                f"validation-fraction must be in [0, {MAX_VALIDATION_FRACTION}) (got {self.validation_fraction}); "
+                "0 trains on all of each client's training data, 0.1 holds a tenth out for choosing settings"
+            )
         if self.fingerprint_dim > MAX_FINGERPRINT_DIM:
             raise FedcondError(f"fingerprint-dim must be at most {MAX_FINGERPRINT_DIM} (got {self.fingerprint_dim})")
         if not 0 <= self.seed <= MAX_SEED:

@@ -31,10 +31,16 @@ HISTORY_COLUMNS = (
     "clients_evaluated",
     "worst_accuracy", "p10_accuracy", "accuracy_std",
     "heldout_worst_accuracy", "heldout_p10_accuracy", "heldout_accuracy_std", "heldout_adapted_accuracy",
-    "drifted_accuracy",
+    "drifted_accuracy", "validation_accuracy", "heldout_validation_accuracy",
 )  # fmt: skip
 #: The fairness columns (fedcond.metrics.Spread), for the training clients and then the held-out ones.
-SPREAD_COLUMNS = HISTORY_COLUMNS[-8:-2]
+SPREAD_COLUMNS = (
+    "worst_accuracy", "p10_accuracy", "accuracy_std", "heldout_worst_accuracy", "heldout_p10_accuracy",
+    "heldout_accuracy_std",
+)  # fmt: skip
+#: The validation columns (``validation-fraction``): the round's model on the training clients' and the
+#: held-out clients' validation shares, NaN without validation.
+VALIDATION_COLUMNS = ("validation_accuracy", "heldout_validation_accuracy")
 #: The score's name in memory: every column above that says "accuracy" holds the task's score, which
 #: on a regression task is RMSE (``DatasetSpec.metric``) and is written and shown under that name.
 SCORE = "accuracy"
@@ -107,6 +113,10 @@ class RoundRecord:
     heldout_adapted_accuracy: float = float("nan")
     # The drifting clients' sample-weighted accuracy (fedcond.drift), every round; NaN without drift.
     drifted_accuracy: float = float("nan")
+    # With validation-fraction: the same model's sample-weighted accuracy on the training clients' and
+    # the held-out clients' validation shares (what settings are chosen on); NaN without.
+    validation_accuracy: float = float("nan")
+    heldout_validation_accuracy: float = float("nan")
 
     @staticmethod
     def columns(num_clusters: int) -> list[str]:
@@ -342,6 +352,12 @@ class RunRecorder:
                     "final_heldout_accuracy": None
                     if last is None or math.isnan(last.heldout_accuracy)
                     else last.heldout_accuracy,
+                    # With validation-fraction (else absent): what settings are chosen on.
+                    **{
+                        f"final_{column}": getattr(last, column)
+                        for column in VALIDATION_COLUMNS
+                        if last is not None and not math.isnan(getattr(last, column))
+                    },
                 },
                 self.metric,
             ),

@@ -43,6 +43,11 @@ EVALUATE_CHOICE = "evaluate-choice"
 EVALUATED_LOSS = "evaluated-loss"
 EVALUATED_ACCURACY = "evaluated-accuracy"
 EVALUATED_EXAMPLES = "evaluated-examples"
+#: In an evaluate reply (and an evaluate-in-fit reply) with ``validation-fraction``: the same model's
+#: score on the client's validation share, and that share's size (its weight in the round's mean).
+VALIDATION_ACCURACY = "validation-accuracy"
+VALIDATION_EXAMPLES = "validation-examples"
+VALIDATION_KEYS = (VALIDATION_ACCURACY, VALIDATION_EXAMPLES)
 #: In a held-out client's evaluate reply (newcomer-steps > 0): the accuracy of the model it was served
 #: after that many local steps on its own training data (fedcond.newcomers).
 ADAPTED_ACCURACY = "adapted-accuracy"

@@ -204,6 +204,7 @@ def _train_and_record(
         round_start = time.perf_counter()
         losses = [(run_epochs(m.model, m.optimiser, m.data, settings, m.generator), len(m.data[1])) for m in models]
         evaluations = {True: [], False: []}
+        validations: dict[bool, list[tuple[float, int]]] = {True: [], False: []}
         for client in clients:
             condition = conditions[client.partition_id] if conditions is not None else None
             model = model_of[client.partition_id]
@@ -214,6 +215,10 @@ def _train_and_record(
             evaluations[held_out].append(
                 ClientEvaluation(client.cluster, result.num_samples, result.loss, result.accuracy)
             )
+            if client.has_validation:
+                scored = evaluate(model, client.validation_x, client.validation_y, condition,
+                                  settings.channels_last, settings.regression)  # fmt: skip
+                validations[held_out].append((scored.accuracy, scored.num_samples))
         accuracy, loss, per_cluster = summarise_evaluations(evaluations[False])
         heldout = summarise_evaluations(evaluations[True])[0] if evaluations[True] else float("nan")
         now = time.perf_counter()
@@ -234,6 +239,8 @@ def _train_and_record(
             clients_evaluated=len(evaluations[False]),
             **Spread.of(evaluations[False], recorder.metric).as_fields(),
             **Spread.of(evaluations[True], recorder.metric).as_fields("heldout_"),
+            validation_accuracy=weighted_mean(validations[False]),
+            heldout_validation_accuracy=weighted_mean(validations[True]),
         )
         recorder.add(record)
         check_not_diverged(round_number, record.train_loss, num_classes, recorder.first_train_loss,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -77,6 +77,9 @@ class ClientPartition:
     rotation: float = 0.0
     # A held-out client never trains; it evaluates the shared model with its own fingerprint.
     held_out: bool = False
+    #: Indices into the source's train arrays held out of ``train_indices`` for choosing settings
+    #: (``validation-fraction``): never trained on nor fingerprinted, scored every round.
+    validation_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class Scenario:
     def summary(self) -> dict[str, object]:
         """What a run prints before training and stores in ``run.json``."""
         train_sizes = [len(client.train_indices) for client in self.clients]
+        validation_sizes = [len(client.validation_indices) for client in self.clients]
         test_sizes = [len(client.test_indices) for client in self.clients]
         held_out = self.held_out_per_cluster * self.num_clusters
         return {
@@ -123,6 +127,7 @@ class Scenario:
             "clusters": list(self.cluster_descriptions),
             "train_samples_per_client": _min_median_max(train_sizes),
             "test_samples_per_client": _min_median_max(test_sizes),
+            **({"validation_samples_per_client": _min_median_max(validation_sizes)} if any(validation_sizes) else {}),
         }
 
 
@@ -579,6 +584,8 @@ def build_scenario(config: RunConfig, load: Loader | None = None) -> Scenario:
     names = load(config.dataset).class_names
     if len(names) == scenario.num_classes:
         scenario = dataclasses.replace(scenario, class_names=tuple(names))
+    if config.validation_fraction:
+        scenario = with_validation(scenario, config.validation_fraction, config.seed, load)
     for client in scenario.clients:
         too_few_train = len(client.train_indices) < MIN_TRAIN_SAMPLES_PER_CLIENT
         if too_few_train or len(client.test_indices) < MIN_TEST_SAMPLES_PER_CLIENT:
@@ -588,6 +595,44 @@ def build_scenario(config: RunConfig, load: Loader | None = None) -> Scenario:
                 "or raise data-fraction"
             )
     return scenario
+
+
+def validation_split(
+    indices: np.ndarray, labels: np.ndarray | None, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``indices`` cut into (training, validation): ``fraction`` of each class held out, rounded to the
+    nearest sample (a class of one sample stays in training), the samples drawn by ``rng``; without
+    ``labels`` (a regression task's real-valued targets) a uniform ``fraction``. Both parts sorted."""
+    groups = [np.arange(len(indices))] if labels is None else [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    held = [rng.permutation(group)[: round(len(group) * fraction)] for group in groups]
+    chosen = np.zeros(len(indices), dtype=bool)
+    chosen[np.concatenate(held).astype(np.int64)] = True
+    return np.sort(indices[~chosen]), np.sort(indices[chosen])
+
+
+def with_validation(scenario: Scenario, fraction: float, seed: int, load: Loader) -> Scenario:
+    """Every client's training indices less a seeded, class-stratified ``fraction`` (``validation-fraction``).
+
+    Cut after the split, with a generator of its own per client: every client holds the same training and
+    test samples as without validation, less its validation ones, so that a run with validation and one
+    without differ in that alone."""
+    clients = []
+    for client in scenario.clients:
+        targets = load(client.source).train_y[client.train_indices]
+        labels = None if np.issubdtype(targets.dtype, np.floating) else targets
+        rng = np.random.default_rng([seed, client.partition_id, VALIDATION_STREAM])
+        train, validation = validation_split(client.train_indices, labels, fraction, rng)
+        if len(validation) == 0:
+            raise FedcondError(
+                f"validation-fraction={fraction} holds out no sample of client {client.partition_id}'s "
+                f"{len(client.train_indices)}; raise validation-fraction or data-fraction"
+            )
+        clients.append(dataclasses.replace(client, train_indices=train, validation_indices=validation))
+    return dataclasses.replace(scenario, clients=tuple(clients))
+
+
+#: Keeps the validation generator's stream apart from any other seeded by (seed, partition id).
+VALIDATION_STREAM = 0x7A11D
 
 
 def validate_without_data(config: RunConfig) -> None:
@@ -651,6 +696,8 @@ def split_settings(config: RunConfig) -> dict[str, object]:
     split.update({key: mapping[key] for key in PARTITIONER_KEYS.get(config.scenario, ())})
     if reserved_source(config.fingerprint_encoder):
         split["fingerprint-encoder"] = config.fingerprint_encoder
+    if config.validation_fraction:  # only then: partition files of every other split keep their keys
+        split["validation-fraction"] = config.validation_fraction
     return split
 
 

@@ -44,6 +44,7 @@ from fedcond.messages import (
     EVALUATED_LOSS,
     INT64,
     SERVER_ROUND,
+    VALIDATION_KEYS,
     array_from_bytes,
 )
 from fedcond.metrics import class_accuracy
@@ -132,7 +133,8 @@ def evaluations_in(fit_replies: list[tuple[int, FitRes]]) -> list[tuple[int, Eva
     """The evaluations that fit replies carry (evaluate-in-fit), as the evaluate replies they replace."""
     return [
         (partition, EvaluateRes(res.status, float(res.metrics[EVALUATED_LOSS]), int(res.metrics[EVALUATED_EXAMPLES]),
-                                {ACCURACY: res.metrics[EVALUATED_ACCURACY]}))
+                                {ACCURACY: res.metrics[EVALUATED_ACCURACY],
+                                 **{key: res.metrics[key] for key in VALIDATION_KEYS if key in res.metrics}}))
         for partition, res in fit_replies
         if EVALUATED_LOSS in res.metrics
     ]  # fmt: skip

@@ -12,7 +12,15 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedcond.config import Option
 from fedcond.history import RoundRecord, RunRecorder
-from fedcond.messages import ACCURACY, ADAPTED_ACCURACY, EPSILON, ERROR, TRAIN_LOSS
+from fedcond.messages import (
+    ACCURACY,
+    ADAPTED_ACCURACY,
+    EPSILON,
+    ERROR,
+    TRAIN_LOSS,
+    VALIDATION_ACCURACY,
+    VALIDATION_EXAMPLES,
+)
 from fedcond.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
 from fedcond.participation import Failure, RoundParticipation
 from strategies.federation import failure_reason
@@ -58,6 +66,16 @@ def answered_replies(
         if not isinstance(failure, BaseException):
             participation.fail(stage, partition_of(failure[0]), failure_reason(failure[1].status.message))
     return sorted(answered, key=lambda pair: pair[0])
+
+
+def validation_accuracy(results: Sequence[tuple[int, EvaluateRes]]) -> float:
+    """The replies' validation accuracy (``validation-fraction``), weighted by each client's validation
+    samples; NaN where no reply carries one."""
+    return weighted_mean(
+        (float(res.metrics[VALIDATION_ACCURACY]), int(res.metrics[VALIDATION_EXAMPLES]))  # type: ignore[arg-type]
+        for _, res in results
+        if VALIDATION_ACCURACY in res.metrics
+    )
 
 
 def partition_of(proxy: ClientProxy) -> int:
@@ -186,6 +204,8 @@ class RoundTracker:
                 for _, res in held_out
                 if ADAPTED_ACCURACY in res.metrics
             ),
+            validation_accuracy=validation_accuracy(results),
+            heldout_validation_accuracy=validation_accuracy(held_out),
         )
         if deferred:
             self.pending, self.pending_participation = record, participation
@@ -214,6 +234,7 @@ class RoundTracker:
             loss=loss,
             cluster_accuracy=per_cluster,
             clients_evaluated=len(evaluations),
+            validation_accuracy=validation_accuracy(results),
             **participation.counts(),
             **Spread.of(evaluations, self.metric).as_fields(),
         )

@@ -36,6 +36,7 @@ from fedcond.history import (
     RUN_LOCK,
     SCORE,
     SPREAD_COLUMNS,
+    VALIDATION_COLUMNS,
     column_on_disk,
     dataset_metric,
     error_line,
@@ -68,7 +69,7 @@ METRIC_COLUMNS = (
 OPTIONAL_METRIC_COLUMNS = (
     "heldout_accuracy", "clients_asked", "clients_answered", "clients_failed", "clients_timed_out", "clients_evaluated",
     *SPREAD_COLUMNS,
-    "heldout_adapted_accuracy", "drifted_accuracy",
+    "heldout_adapted_accuracy", "drifted_accuracy", *VALIDATION_COLUMNS,
 )  # fmt: skip
 # Settings that say where a run lives, how chatty it is, where it resumes from or how often it saves
 # its checkpoint, not what it computes: a sweep may change them in a folder of finished runs.

@@ -348,7 +348,7 @@ def uncited(path: Path, root: Path) -> list[tuple[int, list[str]]]:
 #: loss round by round.
 SUGGESTED_COLUMNS = (
     "accuracy", "worst_accuracy", "p10_accuracy", "heldout_accuracy", "heldout_worst_accuracy",
-    "heldout_adapted_accuracy", "train_loss", "loss",
+    "heldout_adapted_accuracy", "validation_accuracy", "heldout_validation_accuracy", "train_loss", "loss",
 )  # fmt: skip
 
 

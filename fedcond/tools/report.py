@@ -107,6 +107,10 @@ class MethodSummary:
     final_heldout_adapted: float = math.nan
     #: The drifting clients' final accuracy (NaN: no drift).
     final_drifted: float = math.nan
+    #: The final validation accuracy of the training clients and of the held-out ones
+    #: (``validation-fraction``; NaN without): what settings are chosen on, never the test score.
+    final_validation: float = math.nan
+    final_heldout_validation: float = math.nan
 
 
 #: A row's name in a report where a method axis names its runs (``labelled_runs``); never in metrics.csv.
@@ -215,6 +219,10 @@ def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
                     as_float(history[-1].get("heldout_adapted_accuracy", "")) for history in histories
                 ),
                 final_drifted=_mean(as_float(history[-1].get("drifted_accuracy", "")) for history in histories),
+                final_validation=_mean(as_float(history[-1].get("validation_accuracy", "")) for history in histories),
+                final_heldout_validation=_mean(
+                    as_float(history[-1].get("heldout_validation_accuracy", "")) for history in histories
+                ),
             )
         )
     sign = 1 if lower else -1
@@ -284,11 +292,14 @@ def summary_table(
     with_heldout_worst = any(math.isfinite(s.final_heldout_worst) for s in summaries)
     with_adapted = any(math.isfinite(s.final_heldout_adapted) for s in summaries)
     with_drift = any(math.isfinite(s.final_drifted) for s in summaries)
+    with_validation = any(math.isfinite(s.final_validation) for s in summaries)
+    with_heldout_validation = any(math.isfinite(s.final_heldout_validation) for s in summaries)
     with_paper = _with_paper(paper)
     header = ["rank", "method", "seeds", f"final {metric}"] + ["paper", "Δ vs paper"] * with_paper
     header += ["worst client"] * with_worst + ["best (round)", "wall s", "MB down", "MB up"]
     header += ["ARI"] * with_ari + [f"held-out {metric}"] * with_heldout + ["worst held-out"] * with_heldout_worst
     header += ["held-out after newcomer-steps"] * with_adapted + ["drifting clients"] * with_drift
+    header += ["validation"] * with_validation + ["held-out validation"] * with_heldout_validation
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for rank, s in enumerate(summaries, start=1):
         cells = [
@@ -307,6 +318,8 @@ def summary_table(
         cells += [format_accuracy(s.final_heldout_worst)] * with_heldout_worst
         cells += [format_accuracy(s.final_heldout_adapted)] * with_adapted
         cells += [format_accuracy(s.final_drifted)] * with_drift
+        cells += [format_accuracy(s.final_validation)] * with_validation
+        cells += [format_accuracy(s.final_heldout_validation)] * with_heldout_validation
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
