@@ -20,10 +20,12 @@ from flwr.common import ArrayRecord
 from clients.fedcond_client import FedcondClient, Fitted
 from fedcond import fingerprint as fp
 from fedcond import head_fit, statistics_encoding
-from fedcond.client_data import client_fingerprint
+from fedcond.client_data import ClientData, cached_client_data, client_fingerprint
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, STEP, STEP_STATISTICS, TRAIN_LOSS, array_from_bytes
 from fedcond.models import get_weights
+from fedcond.newcomers import NEWCOMER_FINGERPRINT, mismatched_participant, other_concept_cluster
 from fedcond.privacy import private_fingerprint
+from fedcond.scenarios import scenario_for
 
 FINGERPRINT_KEY = "fingerprint"
 #: A drifted client's fingerprint of its new data (drift-fingerprint = "recompute"), computed once.
@@ -34,7 +36,21 @@ class ConditionalClient(FedcondClient):
     """A client of ``conditional`` (and its variants): FedAvg's behaviour, the model fed the fingerprint."""
 
     conditioned: ClassVar[bool] = True
-    options = (head_fit.HEAD_FIT,)
+    options = (head_fit.HEAD_FIT, NEWCOMER_FINGERPRINT)
+
+    def fingerprinted_data(self) -> ClientData:
+        """The data this client's fingerprint describes: its own; with ``newcomer-fingerprint =
+        other-concept`` a newcomer's is a training client's of another concept (an ablation: the
+        simulation reads that client's partition, which no real newcomer could)."""
+        if not (self.is_newcomer and NEWCOMER_FINGERPRINT.of(self.run_config) == "other-concept"):
+            return self.own_data
+        config = self.run_config
+        scenario = scenario_for(config)
+        clusters = tuple(client.cluster for client in scenario.clients)
+        own = clusters[self.own_data.partition_id]
+        partner_cluster = other_concept_cluster(own, scenario.num_clusters, config.scenario, config.covariate_clusters)
+        partner = mismatched_participant(clusters, config.num_training_clients, own, partner_cluster)
+        return cached_client_data(config, partner)
 
     def raw_fingerprint(self) -> np.ndarray:
         """The fingerprint before normalisation: with ``fingerprint-epsilon``, noised once, here, and
@@ -42,7 +58,7 @@ class ConditionalClient(FedcondClient):
         recompute = self.drifted and self.run_config.drift_fingerprint == "recompute"
         key = DRIFTED_FINGERPRINT_KEY if recompute else FINGERPRINT_KEY
         # Stale (or before any drift): the fingerprint of its own data, whenever it is first computed.
-        data = self.data if recompute else self.own_data
+        data = self.data if recompute else self.fingerprinted_data()
         if key not in self.state.array_records:
             vector = client_fingerprint(self.run_config, data)
             if self.privacy.private_fingerprint and fp.fingerprint_spec(self.run_config.fingerprint).needs_data:

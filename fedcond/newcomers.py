@@ -29,6 +29,35 @@ NEWCOMER_STEPS = Option(
     "training data (heldout_adapted_accuracy); 0 = zero-shot only",
     minimum=0,
 )
+NEWCOMER_FINGERPRINT = Option(
+    "newcomer-fingerprint",
+    "own",
+    "conditioned methods' held-out clients: `own` (the method) or `other-concept`, an ablation that can fail: "
+    "each newcomer is fed the fingerprint of a training client of another concept (combined: the other concept "
+    "group's cluster of the same subclasses; other clustered scenarios: the next cluster), scored on its own test "
+    "data; a model that ignores the fingerprint scores the same",
+)
+NEWCOMER_FINGERPRINTS = ("own", "other-concept")
+
+
+def mismatched_participant(clusters: tuple[int, ...], num_training: int, newcomer: int, partner_cluster: int) -> int:
+    """The first training client of ``partner_cluster`` (``clusters``: every partition's true cluster), whose
+    fingerprint ``newcomer-fingerprint = other-concept`` feeds newcomer ``newcomer``."""
+    for partition in range(num_training):
+        if clusters[partition] == partner_cluster:
+            return partition
+    raise ValueError(f"no training client in cluster {partner_cluster} for newcomer {newcomer}")
+
+
+def other_concept_cluster(cluster: int, num_clusters: int, scenario: str, covariate_clusters: int) -> int:
+    """The cluster of another concept: in ``combined`` (two concept groups of C covariate clusters each,
+    group-major) the other group's cluster of the same subclasses, so that only the concept differs;
+    elsewhere the next cluster."""
+    if scenario == "combined":
+        return (cluster + covariate_clusters) % num_clusters
+    return (cluster + 1) % num_clusters
+
+
 #: Keeps the newcomers' generators apart from every other generator seeded by (seed, round, ...).
 NEWCOMER_STREAM = 0x4E3C0
 

@@ -22,12 +22,35 @@ from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
 from fedcond.models import run_fingerprint_size
+from fedcond.newcomers import NEWCOMER_FINGERPRINT, NEWCOMER_FINGERPRINTS
 from fedcond.participation import STATISTICS, RoundParticipation
 from strategies.base import EMPTY
 from strategies.client_dp import CLIENT_DP
 from strategies.declaration import Declaration, Facts
 from strategies.fedavg import FedcondFedAvg
 from strategies.membership import PartitionProxy
+
+
+def check_newcomer_fingerprint(config: RunConfig) -> None:
+    """``newcomer-fingerprint``: a known value, and for ``other-concept`` newcomers in clusters to swap."""
+    from fedcond.scenarios import scenario_kind
+
+    value = NEWCOMER_FINGERPRINT.of(config)
+    if value not in NEWCOMER_FINGERPRINTS:
+        raise FedcondError(f"newcomer-fingerprint must be one of {', '.join(NEWCOMER_FINGERPRINTS)} (got {value})")
+    if value == "own":
+        return
+    if not config.held_out_clients:
+        raise FedcondError(
+            "newcomer-fingerprint=other-concept feeds newcomers another concept's fingerprint, and this run has "
+            "none: set held-out-clients=1 (or more)"
+        )
+    if not scenario_kind(config.scenario).clustered or config.num_clusters < 2:
+        raise FedcondError(
+            f"newcomer-fingerprint=other-concept takes the fingerprint of another cluster's client, and scenario "
+            f"{config.scenario} with num-clusters={config.num_clusters} has no other cluster; use a clustered "
+            "scenario with 2 clusters or more"
+        )
 
 
 class ConditionalFedAvg(FedcondFedAvg):
@@ -47,6 +70,7 @@ class ConditionalFedAvg(FedcondFedAvg):
     def check(cls, config: RunConfig) -> None:
         super().check(config)
         head_fit.check_head_fit(config)
+        check_newcomer_fingerprint(config)
         if head_fit.fits_by_ridge(config) and CLIENT_DP.of(config) != "off":
             raise FedcondError(
                 "client-dp clips and noises each reply as one model update, and head-fit=ridge replies carry the "
