@@ -1,12 +1,13 @@
 """Settings that belong to no one method, grouped by topic: the ones every client reads
-(``CLIENT_SHARED``); the server's method table adds the server's own (strategies.registry).
+(``CLIENT_SHARED``) and the server optimiser of every method whose server averages a model
+(``SERVER_OPTIMISER``); the server's method table adds them and the server's own (strategies.registry).
 Each option is declared next to the code that reads it; this module only groups them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedcond import privacy, secagg_settings
+from fedcond import privacy, secagg_settings, server_optimiser
 from fedcond.config import Option
 from fedcond.metrics import PER_CLASS_ACCURACY
 from fedcond.newcomers import NEWCOMER_STEPS
@@ -32,3 +33,7 @@ CLIENT_SHARED = (
     SharedOptions("evaluation", EVERY_METHOD, (PER_CLASS_ACCURACY,)),
 )
 CLIENT_SHARED_OPTIONS = tuple(option for group in CLIENT_SHARED for option in group.options)
+#: FedAvgM on the server (``fedcond.server_optimiser``): one meaning for every method whose server
+#: averages a model; the others refuse a changed value (their strategy's ``server_step_refusal``). The
+#: server alone reads it: a ClientApp keeps it as given.
+SERVER_OPTIMISER = SharedOptions("server-optimiser", server_optimiser.OWNER, server_optimiser.OPTIONS)

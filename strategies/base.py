@@ -212,6 +212,10 @@ class FedcondStrategy(Strategy):
     #: The named models of a fit reply (``fedcond.messages.pack_parts``) where it carries more than
     #: the trained model (SCAFFOLD's model and control change); empty: the model alone.
     reply_parts: ClassVar[tuple[str, ...]] = ()
+    #: Why this strategy's server has no average of a model for FedAvgM to step, as ``check_run`` words
+    #: its refusal of ``server-momentum`` and ``server-learning-rate`` (None: it has one and steps it,
+    #: ``fedcond.server_optimiser``).
+    server_step_refusal: ClassVar[str | None] = "its server averages no model"
     #: Whether each client's update is one model that the server averages into one global model:
     #: what Flower's client-level DP wrappers clip and noise (``strategies/client_dp.py``).
     averages_one_model: ClassVar[bool] = False

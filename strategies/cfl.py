@@ -12,6 +12,8 @@ and the bipartition that minimises the largest cosine similarity between the two
 (scikit-learn's ``AgglomerativeClustering``, as the authors' code does). The two halves start from
 the cluster's model, each averaging its own clients' updates of the round. K is never given: a
 cluster splits again while the tests hold, down to clusters of ``cfl-min-cluster-size`` clients.
+With ``server-momentum`` (FedAvgM) each cluster is a FedAvgM stream of its own
+(``strategies.cluster_models``), and at a split both halves keep the parent's velocity.
 
 Where fedcond deviates, and why:
 - The paper checks its tests every round from the start; the authors' experiments wait 20 rounds
@@ -144,6 +146,12 @@ class CflStrategy(ClusterModels):
         self.tree.append(Split(cluster, new, [array.copy() for array in self.models[cluster]],
                                side_directions(updates, sides)))  # fmt: skip
         self.models.append([array.copy() for array in self.models[cluster]])
+        if self.server_momentum is not None:
+            # The new half's FedAvgM stream starts as a copy of the parent's velocity, as its model is a
+            # copy of the parent's: both halves go on from the same point of the same trajectory, and
+            # the split treats them alike (a reset would make the new half alone restart as plain
+            # FedAvg for a round while the half that kept the index kept its momentum).
+            self.server_momentum.add_copy_of(cluster)
         for pid, side in zip(partitions, sides, strict=True):
             if side == 1:
                 self.assignment[pid] = new

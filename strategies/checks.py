@@ -1,8 +1,8 @@
 """Every check a run has before anything starts: how its settings fit together.
 
 ``RunConfig`` checks each value on its own; ``check_run`` checks the dataset, scenario, encoder,
-method, held-out clients, privacy and secure-aggregation settings against each other (and, with
-``resume``, the run it continues), and is the one place every entry point calls: the ServerApp,
+method, held-out clients, server optimiser, privacy and secure-aggregation settings against each
+other (and, with ``resume``, the run it continues), and is the one place every entry point calls: the ServerApp,
 ``fedcond run``, compare, sweep, deploy-local and export-partitions.
 """
 
@@ -17,6 +17,7 @@ from fedcond.fingerprint import check_label_free
 from fedcond.models import has_batch_norm
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.scenarios import scenario_for, scenario_kind, validate_without_data
+from fedcond.server_optimiser import POOLED_REFUSAL, check_server_optimiser
 from strategies import client_dp
 from strategies.registry import (
     Method,
@@ -51,6 +52,8 @@ def check_run(config: RunConfig, load_data: bool = False, compared_options: froz
             f"(compare: --methods {','.join(supported)})"
         )
     check_options_apply(config, method, compared_options)
+    refusal = method.strategy.server_step_refusal if method.strategy is not None else POOLED_REFUSAL
+    check_server_optimiser(config, method.name, refusal)
     check_newcomers(config, method)
     check_model_settings(config, method)
     check_clusters_exist(config, method)

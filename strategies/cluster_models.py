@@ -24,8 +24,10 @@ from fedcond.messages import (
     STEP_DESCRIPTOR,
     array_from_bytes,
 )
+from fedcond.models import build_run_model, trained_arrays
 from fedcond.participation import EVALUATE, FIT
 from fedcond.scenarios import drift_partners_of
+from fedcond.server_optimiser import PerModelMomentum
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 from strategies.federation import ask_all, message_timeout
 
@@ -35,13 +37,28 @@ class ClusterModels(FedcondStrategy):
 
     A round needs at least one answering client per model (K), whatever ``min-answered-fraction``
     allows; a model none of whose clients answered keeps its parameters for that round.
+
+    With ``server-momentum`` (FedAvgM, ``fedcond.server_optimiser``) each model is its own FedAvgM
+    stream: its new parameters are the server's step from the model its clients received along its
+    round's average, and a model that got no reply keeps its parameters and its velocity. The
+    velocities are part of the checkpoint.
     """
+
+    #: Each model's server averages its clients' models: FedAvgM steps each (None: no refusal).
+    server_step_refusal = None
 
     def __init__(self, inputs: StrategyInputs, models: list[Model]) -> None:
         super().__init__(inputs)
         self.models = models
         #: Partition id -> the model it is assigned (Oracle: its true cluster; IFCA: its last choice).
         self.assignment: dict[int, int] = {}
+        #: FedAvgM's state, one stream per model (None: plain FedAvg within each, no optimiser at all).
+        self.server_momentum = PerModelMomentum.of(inputs.config, self.trained_mask, len(models))
+
+    def trained_mask(self) -> list[bool]:
+        """Per array of a model: a trained weight (stepped by FedAvgM) or a buffer (averaged as it is)."""
+        inputs = self.inputs
+        return trained_arrays(build_run_model(inputs.config, inputs.num_classes, inputs.conditioned))
 
     def record_ari(self, truth: list[int], labels: list[int]) -> float:
         """The Adjusted Rand Index of ``labels`` (the clusters found or chosen) against ``truth`` (the
@@ -89,12 +106,17 @@ class ClusterModels(FedcondStrategy):
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
         groups = self.groups(server_round, results)
         updates = [parameters_to_ndarrays(res.parameters) for _, res in results]
-        self.models = average_per_group(self.models, updates, groups, [res.num_examples for _, res in results])
+        averages = average_per_group(self.models, updates, groups, [res.num_examples for _, res in results])
+        if self.server_momentum is not None:  # each model that got a reply steps along its own average
+            averages = self.server_momentum.step(self.models, averages, set(groups))
+        self.models = averages
         return None
 
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()
         models.update({f"cluster-{index}": model for index, model in enumerate(self.models)})
+        if self.server_momentum is not None:
+            models.update(self.server_momentum.state())
         # JSON-like keys: the partition id, as text.
         values["assignment"] = {str(pid): cluster for pid, cluster in self.assignment.items()}
         return models, values
@@ -103,6 +125,8 @@ class ClusterModels(FedcondStrategy):
         super().load_state(models, values)
         self.models = [models[f"cluster-{index}"] for index in range(len(self.models))]
         self.assignment = {int(pid): int(cluster) for pid, cluster in values["assignment"].items()}
+        if self.server_momentum is not None:
+            self.server_momentum.load_state(models, len(self.models))
 
 
 class OracleStrategy(ClusterModels):
@@ -279,6 +303,8 @@ class DescriptorClusteringStrategy(ClusterModels):
         training = np.stack(descriptors[: config.num_training_clients])
         self.found = cluster_descriptors(training, DESCRIPTOR_EPS.of(config), DESCRIPTOR_MIN_SAMPLES.of(config))
         self.models = [initial_weights(self.inputs) for _ in range(self.found.count)]
+        if self.server_momentum is not None:  # a FedAvgM stream per cluster found, each from zero
+            self.server_momentum.reset(self.found.count)
         held_out = range(config.num_training_clients, config.num_clients)
         self.assignment = {
             **dict(enumerate(self.found.labels)), **{pid: self.found.assign(descriptors[pid]) for pid in held_out}

@@ -39,7 +39,7 @@ class Facts:
     #: What the method does for a client whose data changed mid-run (``drift-fraction``).
     drift: str
     #: The server holds more than the global model between rounds (per-cluster or per-client models,
-    #: assignments, a hypernetwork; the FedAvg family's FedAvgM velocity, with ``server-momentum``):
+    #: assignments, a hypernetwork; FedAvgM's velocity of each averaged model, with ``server-momentum``):
     #: its strategy extends ``state``, which the checkpoint saves.
     server_state: bool = False
 

@@ -8,9 +8,8 @@ from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_t
 
 from fedcond.aggregation import Model, weighted_average
 from fedcond.checkpoint import GLOBAL_MODEL
-from fedcond.config import RunConfig
 from fedcond.models import build_run_model, get_weights, trained_arrays
-from fedcond.server_optimiser import OPTIONS, ServerMomentum, check_server_optimiser
+from fedcond.server_optimiser import ServerMomentum
 from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.declaration import GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
 
@@ -38,7 +37,8 @@ class FedcondFedAvg(FedcondStrategy):
     #: Its server needs only the sample-weighted mean of the returned models: SecAgg+ gives exactly that.
     secure_aggregation_refusal = None
     averages_one_model = True
-    options = OPTIONS
+    #: Its server averages the global model: FedAvgM steps it.
+    server_step_refusal = None
     #: The checkpoint's name for FedAvgM's velocity.
     VELOCITY = "server-velocity"
 
@@ -51,10 +51,6 @@ class FedcondFedAvg(FedcondStrategy):
         self.server_momentum = ServerMomentum.of(inputs.config, trained_arrays(model))
         #: The global model the round's clients received (what FedAvgM steps from).
         self.current: Model = self.initial
-
-    @classmethod
-    def check(cls, config: RunConfig) -> None:
-        check_server_optimiser(config)
 
     def initial_global(self) -> Parameters:
         return ndarrays_to_parameters(self.initial)

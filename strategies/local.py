@@ -12,6 +12,7 @@ class LocalStrategy(FedcondStrategy):
     """
 
     secure_aggregation_refusal = "no model leaves a client, so there is nothing to aggregate"
+    server_step_refusal = "no model leaves a client: each trains its own"
     serves_held_out_clients = True  # a newcomer has a model of its own: untrained (newcomer-steps train it)
 
 

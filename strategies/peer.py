@@ -42,6 +42,7 @@ class PeerToPeer(FedcondStrategy):
         "its clients average with chosen peers, so there is no sum over the federation to protect (each peer "
         "receives the others' models)"
     )
+    server_step_refusal = "each client averages its peers' models"
 
     def __init__(self, inputs: StrategyInputs) -> None:
         super().__init__(inputs)
@@ -104,6 +105,8 @@ class GossipStrategy(PeerToPeer):
     averages its two models. Pairing is seeded by (seed, round): same seed and same clients, same pairs.
     """
 
+    server_step_refusal = "each client averages its model with one random peer's"
+
     def newcomer_parameters(self, partition_id: int) -> Parameters:
         """A newcomer gossips too: it is served one training client's model, drawn anew each round."""
         config = self.inputs.config
@@ -123,6 +126,7 @@ class DacStrategy(PeerToPeer):
     """
 
     options = (*PeerToPeer.options, DAC_NEIGHBOURS)
+    server_step_refusal = "each client averages its model with its most similar peers' (dac-neighbours of them)"
 
     def newcomer_parameters(self, partition_id: int) -> Parameters:
         """Every training client's model, one after another: the newcomer averages the ones with the

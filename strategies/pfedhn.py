@@ -102,6 +102,7 @@ class PFedHNStrategy(FedcondStrategy):
     secure_aggregation_refusal = (
         "pFedHN's server steps its hypernetwork with each client's own update, through that client's embedding"
     )
+    server_step_refusal = "its server trains a hypernetwork from the clients' updates with its own optimiser, pfedhn-lr"
 
     @classmethod
     def check(cls, config: RunConfig) -> None:

@@ -24,7 +24,7 @@ from fedcond.history import CHECKPOINT_EVERY, RESUME
 from fedcond.live_curves import LIVE_CURVES
 from fedcond.model_store import CLIENT_STATE_DIR
 from fedcond.pooled import POOLED_METHODS, not_a_federation
-from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SharedOptions
+from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SERVER_OPTIMISER, SharedOptions
 from fedcond.variants import VARIANTS, client_path, with_variant_settings
 from strategies.declaration import Declaration, Facts
 
@@ -175,12 +175,14 @@ def get_method(name: str) -> Method:
 
 
 def shared_options() -> tuple[SharedOptions, ...]:
-    """Every shared setting: the clients' (``CLIENT_SHARED``), the server's client-level DP
+    """Every shared setting: the clients' (``CLIENT_SHARED``), the server optimiser of every method
+    whose server averages a model (``SERVER_OPTIMISER``), the server's client-level DP
     (strategies.client_dp, imported here: a ClientApp never needs it) and the run's own (resume)."""
     from strategies import client_dp
 
     return (
         *CLIENT_SHARED,
+        SERVER_OPTIMISER,
         SharedOptions("privacy", EVERY_METHOD, client_dp.OPTIONS),
         SharedOptions("resume", "the run", (RESUME, CHECKPOINT_EVERY)),
         SharedOptions("files", "the run", (LIVE_CURVES,)),

@@ -393,14 +393,14 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
 
     from fedcond.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
     from fedcond.scenarios import scenario_for
-    from fedcond.server_optimiser import SERVER_MOMENTUM
     from strategies.base import StrategyInputs, initial_weights
     from strategies.registry import get_method
 
     # CFL: thresholds under which round 1's random updates split the cluster, so that a split is restored.
     splitting = {"cfl-warmup-rounds": 0, "cfl-eps1": 1e6, "cfl-eps2": 0, "cfl-min-cluster-size": 1}
-    # The FedAvg family holds state only with a server optimiser: its FedAvgM velocity.
-    momentum = {"server-momentum": 0.5} if SERVER_MOMENTUM in get_method(method).options else {}
+    # Every method whose server averages a model, with its FedAvgM velocities (one per model): the
+    # FedAvg family holds state only with a server optimiser.
+    momentum = {"server-momentum": 0.5} if get_method(method).strategy.server_step_refusal is None else {}
     config = run_config({"method": method, "num-clusters": 2, "clients-per-cluster": 2, **momentum,
                          **(splitting if method == "cfl" else {})}).resolved()  # fmt: skip
     strategy_class = get_method(method).strategy

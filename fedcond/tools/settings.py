@@ -29,6 +29,9 @@ TOPICS = {
     "files": "Where things are, what is printed",
     "methods": "The methods' own settings (declared on their client or strategy classes)",
     "protocol": "The round protocol: waiting for nodes, answers each round needs, time limits",
+    "server-optimiser": (
+        "The server optimiser: FedAvgM on each model a server averages (a method that averages none refuses it)"
+    ),
     "privacy": "Differential privacy (privacy.md): sample-level DP-SGD and DP fingerprint, client-level DP",
     "secure-aggregation": "Secure aggregation (privacy.md): Flower's SecAgg+ for model updates; its protocol values",
     "newcomers": "Newcomers (newcomers.md): what held-out clients are served, and their adaptation",
