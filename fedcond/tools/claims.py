@@ -262,7 +262,7 @@ def final_by_seed(rows: Sequence[Mapping[str, str]], side: Side, column: str = "
 class Measured:
     """An answer measured against its claim's declared seeds (0 to ``declared`` - 1): the two means
     and the paired differences (points) over those of them both sides ran, and their verdict;
-    ``post_hoc``, the paired differences over every seed both ran where they ran more."""
+    ``post_hoc_seeds`` and ``post_hoc_differences``: every seed both ran, where they ran more."""
 
     answer: Answer
     declared: int
