@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,13 @@ from fedcond.tools.claims import (
     README_BEGIN,
     README_END,
     choice_table,
+    claims_table,
     load_claims,
     measure,
+    pending_lines,
+    post_hoc_lines,
     ranked_methods,
+    readme_block,
     verdict,
     with_readme_block,
 )
@@ -36,6 +42,8 @@ def results_folder(path: Path, finals: dict[tuple[str, int], float], settings: d
         writer = csv.DictWriter(handle, ["method", "seed", "round", "accuracy", *(extra or {})])
         writer.writeheader()
         for (method, seed), accuracy in finals.items():
+            if math.isnan(accuracy):  # not run
+                continue
             label = method if isinstance(method, str) else method["label"]
             writer.writerow({"method": label, "seed": seed, "round": 1, "accuracy": 0.1, **(extra or {})})
             writer.writerow({"method": label, "seed": seed, "round": 2, "accuracy": accuracy, **(extra or {})})
@@ -54,6 +62,7 @@ experiment = "E1"
 claim = "Conditional matches Oracle"
 kind = "matches"
 margin = 0.5
+seeds = 3
 section = "notes.md#e1"
 [claim.federated]
 folder = "results/e1"
@@ -79,13 +88,140 @@ def test_a_verdict_follows_the_paired_interval_and_the_claims_kind():
 
 def test_a_claim_pairs_the_seeds_both_sides_ran_at_their_last_round(tmp_path):
     results_folder(tmp_path / "results" / "e1", {("conditional", 0): 0.90, ("conditional", 1): 0.92,
-                   ("oracle", 0): 0.91, ("oracle", 1): 0.93, ("oracle", 2): 0.50})  # fmt: skip
+                   ("conditional", 2): 0.94, ("oracle", 0): 0.91, ("oracle", 1): 0.93, ("oracle", 2): 0.95,
+                   ("oracle", 9): 0.50})  # fmt: skip
     claims = load_claims(claims_file(tmp_path, MATCHES))
     measured = measure(claims.claims[0], claims.claims[0].answers[0])
-    # Seed 2 of Oracle alone is not paired; round 1's 0.1 is never read.
-    assert measured.differences == pytest.approx((-1.0, -1.0))
-    assert (measured.subject_mean, measured.reference_mean) == pytest.approx((0.91, 0.92))
+    # Seed 9 of Oracle alone is not paired; round 1's 0.1 is never read.
+    assert measured.differences == pytest.approx((-1.0, -1.0, -1.0))
+    assert (measured.subject_mean, measured.reference_mean) == pytest.approx((0.92, 0.93))
     assert measured.verdict == "does not hold"
+
+
+def five_seeds(tmp_path: Path, subject: list[float], reference: list[float]) -> Path:
+    """results/e1 beside a claims file: conditional and oracle end at these accuracies, seed by seed."""
+    return results_folder(tmp_path / "results" / "e1", {
+        **{("conditional", seed): value for seed, value in enumerate(subject)},
+        **{("oracle", seed): value for seed, value in enumerate(reference)},
+    })  # fmt: skip
+
+
+def test_a_verdict_reads_exactly_the_declared_seeds_in_seed_order(tmp_path):
+    # Seeds 0-2 (declared) are 1 point under Oracle: does not hold. Seeds 3-4 are 30 points under.
+    five_seeds(tmp_path, [0.90, 0.91, 0.92, 0.60, 0.61], [0.91, 0.92, 0.93, 0.90, 0.91])
+    claim = load_claims(claims_file(tmp_path, MATCHES)).claims[0]
+    measured = measure(claim, claim.answers[0])
+    assert measured.seeds == ("0", "1", "2") and measured.differences == pytest.approx((-1.0, -1.0, -1.0))
+    assert (measured.subject_mean, measured.reference_mean) == pytest.approx((0.91, 0.92))
+    assert measured.verdict == "does not hold" and not measured.pending
+    # Declared 4: seeds 0-3, never a subset picked from the five.
+    claim = load_claims(claims_file(tmp_path, MATCHES.replace("seeds = 3", "seeds = 4"))).claims[0]
+    assert measure(claim, claim.answers[0]).seeds == ("0", "1", "2", "3")
+
+
+def test_fewer_paired_seeds_than_declared_is_pending_with_no_verdict(tmp_path):
+    # Two seeds 40 points under Oracle would not hold at any interval; seed 2 of conditional is not run,
+    # and seed 3, run by both, does not stand in for it.
+    five_seeds(tmp_path, [0.50, 0.51, math.nan, 0.52], [0.90, 0.91, 0.92, 0.93])
+    claims = load_claims(claims_file(tmp_path, MATCHES))
+    measured = measure(claims.claims[0], claims.claims[0].answers[0])
+    assert measured.pending and measured.verdict == "pending: 2 of 3 declared seeds"
+    assert measured.seeds == ("0", "1") and (measured.subject_missing, measured.reference_missing) == ((2,), ())
+    assert "| -40.00 ± 0.00 | 2 of 3 | **pending: 2 of 3 declared seeds** |" in claims_table(claims, tmp_path)[2]
+    assert pending_lines(claims) == ["- E1, federated: subject conditional, seed 2."]
+    block = readme_block(claims, tmp_path, tmp_path / "REPRODUCTION.md")
+    assert "- **In federated rounds**: pending: E1 (2 of 3 seeds)." in block
+
+
+def test_seeds_beyond_the_declared_are_shown_post_hoc_and_never_move_the_verdict(tmp_path):
+    # Seeds 0-2 straddle -0.5 (not established); seeds 3-4 would make all five hold.
+    five_seeds(tmp_path, [0.903, 0.897, 0.903, 0.903, 0.903], [0.90] * 5)
+    claims = load_claims(claims_file(tmp_path, MATCHES))
+    measured = measure(claims.claims[0], claims.claims[0].answers[0])
+    assert measured.verdict == "not established at 3 seeds"
+    assert measured.differences == pytest.approx((0.3, -0.3, 0.3))
+    assert verdict("matches", 0.5, [0.3, -0.3, 0.3, 0.3, 0.3]) == "holds"  # what all five would say
+    assert measured.post_hoc_seeds == ("0", "1", "2", "3", "4")
+    assert post_hoc_lines(claims) == [
+        "- E1, federated: post hoc, over all 5 seeds both sides ran (seeds 3, 4 beyond the 3 declared): "
+        "+0.18 ± 0.33 points."
+    ]
+    assert "| +0.10 ± 0.86 | 3 of 3 | **not established at 3 seeds** |" in claims_table(claims, tmp_path)[2]
+    # No seed beyond the declared: nothing post hoc.
+    five_seeds(tmp_path / "exact", [0.90, 0.91, 0.92], [0.90, 0.92, 0.92])
+    exact = load_claims(claims_file(tmp_path / "exact", MATCHES))
+    assert measure(exact.claims[0], exact.claims[0].answers[0]).post_hoc_seeds == () and post_hoc_lines(exact) == []
+
+
+def test_a_beats_verdict_says_where_its_interval_lies_against_the_papers_range():
+    paper = (1.5, 3.0)
+    # The E4b interval that issue 64 found, +0.13 to +1.67: above 0, mostly below the paper's range.
+    assert verdict("beats", 0.0, [0.13, 0.90, 1.67], paper) != "holds"
+    assert verdict("beats", 0.0, [0.5, 0.6, 0.7], paper) == "holds: above 0, below the paper's +1.5-3"
+    assert verdict("beats", 0.0, [2.0, 2.2, 2.4], paper) == "holds, within the paper's +1.5-3"
+    assert verdict("beats", 0.0, [1.2, 1.6, 2.0], paper) == "holds: above 0, in part below the paper's +1.5-3"
+    assert verdict("beats", 0.0, [2.6, 3.0, 3.4], paper) == "holds: above 0, in part above the paper's +1.5-3"
+    assert verdict("beats", 0.0, [4.0, 4.2, 4.4], paper) == "holds: above 0 and above the paper's +1.5-3"
+    assert verdict("beats", 0.0, [0.5, 2.0, 3.5], paper) == "not established at 3 seeds"
+    assert verdict("beats", 0.0, [1.0, 2.25, 3.5, 1.0, 2.25, 3.5], paper) == (
+        "holds: above 0, wider than the paper's +1.5-3"
+    )
+    # Without a range, or short of holding, the verdict is what it was.
+    assert verdict("beats", 0.0, [0.5, 0.6, 0.7]) == "holds"
+    assert verdict("beats", 0.0, [-0.5, -0.6, -0.7], paper) == "does not hold"
+
+
+BEATS = MATCHES.replace('"Conditional matches Oracle"', '"Conditional beats Oracle (+1.5-3 points)"').replace(
+    'kind = "matches"\nmargin = 0.5\n', 'kind = "beats"\npaper-range = [1.5, 3.0]\n'
+)
+
+
+def test_the_verdict_table_and_the_readme_say_where_a_beats_claim_lies_against_the_papers_range(tmp_path):
+    five_seeds(tmp_path, [0.905, 0.906, 0.907], [0.90, 0.90, 0.90])
+    claims = load_claims(claims_file(tmp_path, BEATS))
+    assert claims.claims[0].paper_range == (1.5, 3.0)
+    assert "**holds: above 0, below the paper's +1.5-3** |" in claims_table(claims, tmp_path)[2]
+    block = readme_block(claims, tmp_path, tmp_path / "REPRODUCTION.md")
+    assert "- **In federated rounds**: holds: E1 (3 seeds; above 0, below the paper's +1.5-3)." in block
+
+
+@pytest.mark.parametrize(
+    ("change", "readme", "refusal"),
+    [
+        (("seeds = 3\n", ""), False, "claim 1 (E1) declares no 'seeds'; add seeds = N"),
+        (("seeds = 3", "seeds = 2"), False, "claim 1 (E1): seeds = 2 is too few; a claim needs at least 3: "
+                                            "declare 3 or more"),
+        (("seeds = 3", 'seeds = "3"'), False, "(E1): seeds = '3' is not a number; declare 3 or more"),
+        ((None, None), True, "(E1): seeds = 3 is too few; a claim the README shows needs at least 5: "
+                             "declare 5 or more"),
+        (('experiment = "E1"', 'experiment = "E4b"'), False, "(E4b): seeds = 3 is too few; E4b needs at least 5"),
+        (('reference = "oracle"', 'reference = "oracle"\nseeds = 5'), False,
+         "seeds is declared once for the claim, not per protocol; move it out of [claim.federated]"),
+    ],
+    ids=["no seeds", "too few", "not a number", "shown in the README", "E4b", "per protocol"],
+)  # fmt: skip
+def test_a_claim_declaring_too_few_seeds_or_none_is_refused_in_one_line(tmp_path, change, readme, refusal):
+    five_seeds(tmp_path, [0.9] * 5, [0.9] * 5)
+    assert load_claims(claims_file(tmp_path, MATCHES)).claims[0].seeds == 3  # as written, accepted
+    body = MATCHES.replace(*change) if change[0] else MATCHES
+    with pytest.raises(FedcondError) as error:
+        load_claims(claims_file(tmp_path, body), readme=readme)
+    assert refusal in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (("[1.5, 3.0]", "[1.0, 6.0]"), "paper-range +1-6 is not the range its claim states"),
+        (("[1.5, 3.0]", "[3.0, 1.5]"), "paper-range is [low, high] in points, low below high"),
+        (('kind = "beats"', 'kind = "matches"'), "paper-range is for a 'beats' claim, not 'matches'; remove it"),
+    ],
+    ids=["not the claim's", "reversed", "on a matches claim"],
+)
+def test_a_paper_range_that_is_not_the_claims_is_refused(tmp_path, change, refusal):
+    assert load_claims(claims_file(tmp_path, BEATS)).claims[0].paper_range == (1.5, 3.0)
+    with pytest.raises(FedcondError, match=re.escape(refusal)):
+        load_claims(claims_file(tmp_path, BEATS.replace(*change)))
 
 
 def test_a_claims_file_with_a_mistake_is_refused_in_one_line(tmp_path):
@@ -161,7 +297,14 @@ def test_the_reproduction_heads_its_report_with_the_claims_and_rewrites_only_the
     assert main(["reproduction", str(folder), "--out", str(out), "--readme", str(readme)]) == 2
     assert "pass --claims FILE" in capsys.readouterr().err and not out.exists()
     (tmp_path / "paper").mkdir()
-    claims_file(tmp_path / "paper", MATCHES.replace('"results/e1"', '"../results/e1"').replace('"oracle"', '"fedavg"'))
+    claims = MATCHES.replace('"results/e1"', '"../results/e1"').replace('"oracle"', '"fedavg"')
+    claims_file(tmp_path / "paper", claims)
+    readme.write_text(f"intro\n{README_BEGIN}\n{README_END}\nrest\n")
+    # Three seeds declared are enough for the report alone, not for the README's verdicts.
+    assert main(["reproduction", str(folder), "--out", str(out), "--readme", str(readme)]) == 2
+    assert "a claim the README shows needs at least 5" in capsys.readouterr().err and not out.exists()
+    claims_file(tmp_path / "paper", claims.replace("seeds = 3", "seeds = 5"))
+    readme.write_text("intro\n")
     # A README without the markers is refused before the report is written.
     assert main(["reproduction", str(folder), "--out", str(out), "--readme", str(readme)]) == 2
     assert "needs one line" in capsys.readouterr().err and not out.exists()
@@ -169,7 +312,10 @@ def test_the_reproduction_heads_its_report_with_the_claims_and_rewrites_only_the
     assert main(["reproduction", str(folder), "--out", str(out), "--readme", str(readme)]) == 0
     report = out.read_text()
     assert "## The paper's claims: our verdicts" in report
-    assert "| conditional 0.910 | fedavg 0.500 | +41.00 ± 12.71 | 2 | **holds** |" in report
+    # Two of the five declared seeds: pending, the seeds to run listed; no verdict.
+    row = "| conditional 0.910 | fedavg 0.500 | +41.00 ± 12.71 | 2 of 5 | **pending: 2 of 5 declared seeds** |"
+    assert row in report
+    assert "- E1, federated: subject conditional, seeds 2-4; reference fedavg, seeds 2-4." in report
     text = readme.read_text()
     assert text.startswith(f"intro\n{README_BEGIN}\n") and text.endswith(f"{README_END}\nrest\n")
-    assert "**In federated rounds**: holds: E1 (2)." in text
+    assert "**In federated rounds**: pending: E1 (2 of 5 seeds)." in text

@@ -433,7 +433,8 @@ def reproduction(
     # experiments/paper/claims.toml); a report of other folders has none unless --claims names one.
     default_claims = out_path.parent / CLAIMS_FILE
     claims_path = Path(claims_file) if claims_file else default_claims if default_claims.is_file() else None
-    claims = load_claims(claims_path) if claims_path is not None else None
+    # With --readme, every claim's verdict is shown in the README: each must declare the headline seeds.
+    claims = load_claims(claims_path, readme=readme is not None) if claims_path is not None else None
     readme_path = Path(readme) if readme else None
     if readme_path is not None and not readme_path.is_file():
         raise FedcondError(f"no README {readme_path}; pass --readme with the README to update")

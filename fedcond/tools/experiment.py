@@ -742,8 +742,9 @@ def load_experiment(out: Path) -> Experiment:
         raise FedcondError(f"{out} holds no {EXPERIMENT_FILE}; point at a compare or sweep --out folder") from None
 
 
-def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
-    """One row per (grid point, round) of every finished run under ``out/runs``."""
+def finished_runs(experiment: Experiment, out: Path) -> Iterator[tuple[Path, dict[str, Any], dict[str, Any]]]:
+    """Every finished run under ``out/runs``: its folder, its run.json, and the columns that name it in
+    metrics.csv (settings, method label, seed, code; no round's metrics)."""
     runs_dir = (out / "runs").resolve()
     for run in plan(experiment, {}, runs_dir):
         folder = runs_dir / run.name
@@ -751,18 +752,24 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
             continue
         info = json.loads((folder / "run.json").read_text())
         config = info["config"]
-        history = read_history(folder / "history.csv", dataset_metric(config["dataset"]))
+        named: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
+        named.update({key: config.get(key, VARIANT_DEFAULTS[key]) for key in VARIANT_COLUMNS})
+        named[FINGERPRINT_DIM] = config.get("fingerprint-dim", FINGERPRINT_DIM_DEFAULT)
+        named.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
+        # A method bundle (a named variant) is known by its label, not by its base method.
+        named.update({"method": run.labels.get("method", config["method"]), "seed": config["seed"]})
+        named[CODE_COLUMN] = run_code(info)
+        yield folder, info, named
+
+
+def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
+    """One row per (grid point, round) of every finished run under ``out/runs``."""
+    for folder, info, named in finished_runs(experiment, out):
+        history = read_history(folder / "history.csv", dataset_metric(info["config"]["dataset"]))
         # The final round's row also carries each class's accuracy, where the run scored them.
         classes = info.get("final_class_accuracy", {}).get("participants", {})
-        code = run_code(info)
         for number, row in enumerate(history, start=1):
-            tidy: dict[str, Any] = {column_name(key): config[key] for key in SETTING_COLUMNS}
-            tidy.update({key: config.get(key, VARIANT_DEFAULTS[key]) for key in VARIANT_COLUMNS})
-            tidy[FINGERPRINT_DIM] = config.get("fingerprint-dim", FINGERPRINT_DIM_DEFAULT)
-            tidy.update({column_name(axis): run.labels[axis] for axis in experiment.setting_axes if axis in run.labels})
-            # A method bundle (a named variant) is known by its label, not by its base method.
-            tidy.update({"method": run.labels.get("method", config["method"]), "seed": config["seed"]})
-            tidy[CODE_COLUMN] = code
+            tidy: dict[str, Any] = dict(named)
             tidy.update({column: row.get(column, "") for column in METRIC_COLUMNS})
             tidy.update({column: row[column] for column in OPTIONAL_METRIC_COLUMNS if column in row})
             if number == len(history):

@@ -8,6 +8,8 @@ line, each number it quotes and where it comes from::
     oracle seed 0 round 15: 0.8355
     scaled-hyper mean: 0.839
     hyper-unit-zero - oracle: -0.98 ± 0.91
+    hyper-unit-zero - oracle verdict matches 0.5: not established
+    oracle parameters: 1,115,555
     -->
 
 A line is ``METHOD seed S [round R] [COLUMN]: VALUE`` (that run's COLUMN, accuracy unless named, in
@@ -15,6 +17,10 @@ round R, its last recorded one unless named), ``METHOD mean [over seeds 0,1] [CO
 mean over its seeds, or those named, of the last recorded values), ``METHOD interval [over seeds 0,1]
 [COLUMN]: M ± H`` (that mean and its 95% t half-width), ``METHOD - REFERENCE [COLUMN]:
 D ± H`` (the paired mean difference in points over the seeds both ran, and its 95% t half-width), or
+``METHOD - REFERENCE [COLUMN] verdict [matches MARGIN]: WORDS`` (what that paired interval allows,
+worded as the verdict table words it, ``fedcond.tools.claims.verdict``: holds, does not hold, not
+established; above 0, or no more than MARGIN points under with ``matches``), ``METHOD [seed S]
+parameters: N`` (the model's size, run.json's ``model_parameters``, the same in each of its runs),
 ``paper TABLE METHOD [column=value ...]: VALUE`` (a number of the paper's, experiments/paper/results.csv),
 or ``default SETTING: VALUE`` (a setting's default, as declared).
 METHOD is the method column of the folder's metrics.csv (a grid label). ``where`` picks rows by
@@ -23,7 +29,19 @@ other columns.
 ``problems`` compares each quoted number with the runs at the precision it is printed with, and
 fails where a number is not in the text it follows, where the runs give another, and where the
 text holds a number with three or more decimals that no line cites: such a block's numbers are all
-checked or none is.
+checked or none is. What a line quotes is tied to its place in the text:
+
+- in order: the text shows the quoted values in the order the lines cite them (each found after the
+  one cited before it), so two numbers swapped in the text ("Oracle at 0.839, scaled-hyper 0.849"
+  against lines citing scaled-hyper's 0.839, then Oracle's 0.849) are out of order. The order of
+  appearance is what ties a number to its name without a dictionary of how prose names each method;
+- whole: an interval shows as ``M ± H``, its width included; a verdict as its words; a count of
+  parameters as printed (``1,115,555``);
+- signed: a paired difference shows its sign (``-0.98``, ``+0.98``), or, unsigned, a word that gives
+  it: right after it ("0.98 points under", "0.41 ± 1.78 above"), else the nearest before it in its
+  sentence ("costs newcomers 21.05 ± 13.50"); unsigned with no such word, it reads positive, so a
+  minus dropped ("-0.98" become "0.98") is found as a flip is. A difference that rounds to 0 is not
+  checked.
 """
 
 from __future__ import annotations
@@ -39,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcond.errors import FedcondError
-from fedcond.tools.claims import Side, final_by_seed, metrics_rows
+from fedcond.tools.claims import Side, final_by_seed, metrics_rows, verdict
 from fedcond.tools.report import confidence_half_width
 
 OPENING = "<!-- cites "
@@ -75,6 +93,18 @@ _DEFAULT = re.compile(r"^default (?P<key>[a-z0-9-]+)$")
 _PAPER = re.compile(r"^paper (?P<table>[IVXL]+) (?P<method>\S+)(?P<filters>(?: [a-z_]+=\S+)*)$")
 _PAPER_RESULTS = "experiments/paper/results.csv"
 _PAIRED = re.compile(rf"^(?P<method>{_NAME}) - (?P<reference>{_NAME})(?: (?P<column>[a-z_]+))?$")
+_VERDICT = re.compile(
+    rf"^(?P<method>{_NAME}) - (?P<reference>{_NAME})(?: (?P<column>[a-z_]+))? verdict"
+    r"(?: (?P<kind>beats|matches (?P<margin>\d+(?:\.\d+)?)))?$"
+)
+_PARAMETERS = re.compile(rf"^(?P<method>{_NAME})(?: seed (?P<seed>\d+))? parameters$")
+#: How a verdict line's words may read: the verdict table's outcomes (``fedcond.tools.claims.OUTCOMES``).
+VERDICT_WORDS = ("holds", "does not hold", "not established")
+#: Words that give an unsigned difference its sign.
+UNDER = ("under", "below", "behind", "short", "less", "lower", "lose", "loses", "lost", "cost", "costs", "worse")
+ABOVE = ("above", "add", "adds", "gain", "gains", "higher", "ahead", "better", "beats", "exceeds")
+_DIRECTION = re.compile(r"\b(" + "|".join((*UNDER, *ABOVE)) + r")\b")
+_MINUS = "-\u2212"  # a hyphen-minus, or the minus sign
 
 
 @dataclass(frozen=True)
@@ -188,7 +218,22 @@ def measured(block: Block, citation: Citation) -> str | None:
             return f"no setting is called {match['key']}"
         value = defaults[match["key"]]
         return None if _same(citation.quoted, float(value)) else f"its default is {value}"
+    if match := _PARAMETERS.match(citation.source):
+        return _parameters(block, match, citation.quoted)
     rows = block.rows()
+    if match := _VERDICT.match(citation.source):
+        column = match["column"] or "accuracy"
+        subject = final_by_seed(rows, Side(_named(match["method"]), block.where), column)
+        reference = final_by_seed(rows, Side(_named(match["reference"]), block.where), column)
+        seeds = sorted(set(subject) & set(reference))
+        differences = [100 * (subject[seed] - reference[seed]) for seed in seeds]
+        kind, margin = ("matches", float(match["margin"])) if match["margin"] else ("beats", 0.0)
+        said = verdict(kind, margin, differences)
+        if citation.quoted not in VERDICT_WORDS and not citation.quoted.startswith("not established at "):
+            return f"a verdict is quoted as one of {', '.join(VERDICT_WORDS)}"
+        if said == citation.quoted or said.startswith(citation.quoted + " at "):
+            return None
+        return f"the runs give {said} ({len(seeds)} seeds paired, {kind}{f' {margin:g}' * (kind == 'matches')})"
     if match := _RUN.match(citation.source):
         side = Side(_named(match["method"]), {**block.where, "seed": match["seed"]})
         column = match["column"] or "accuracy"
@@ -238,9 +283,33 @@ def measured(block: Block, citation: Citation) -> str | None:
         return f"the runs give {mean:+.4f} ± {half:.4f} points ({len(seeds)} seeds)"
     return (
         "not a form this checker reads (METHOD seed S [round R | rounds A-B] [COLUMN], METHOD mean|interval "
-        "[over seeds 0,1] [COLUMN], METHOD - REFERENCE [COLUMN], paper TABLE METHOD [column=value ...], "
-        "default SETTING)"
+        "[over seeds 0,1] [COLUMN], METHOD - REFERENCE [COLUMN], METHOD - REFERENCE [COLUMN] verdict "
+        "[matches MARGIN], METHOD [seed S] parameters, paper TABLE METHOD [column=value ...], default SETTING)"
     )
+
+
+def _parameters(block: Block, match: re.Match[str], quoted: str) -> str | None:
+    """A model's size (``METHOD [seed S] parameters``): run.json's ``model_parameters`` of each of the
+    method's finished runs that the block's filter (and the seed) picks, one count for all."""
+    from fedcond.tools.experiment import finished_runs, load_experiment
+
+    if block.folder.suffix == ".csv":
+        return "a count of parameters is read from a results folder's run.json, not from a CSV file"
+    if not re.fullmatch(r"\d{1,3}(?:,\d{3})*|\d+", quoted):
+        return "a count of parameters is quoted as a whole number (1,115,555)"
+    counts: dict[str, int] = {}
+    for _, info, named in finished_runs(load_experiment(block.folder), block.folder):
+        picked = {**block.where, **({"seed": match["seed"]} if match["seed"] else {})}
+        if str(named["method"]) == _named(match["method"]) and all(
+            str(named.get(key)) == value for key, value in picked.items()
+        ):
+            counts[str(named["seed"])] = int(info["model_parameters"])
+    if not counts:
+        return "no such finished run in the folder's runs"
+    if len(set(counts.values())) > 1:
+        return "its runs differ: " + ", ".join(f"seed {seed} {count:,}" for seed, count in sorted(counts.items()))
+    count = next(iter(counts.values()))
+    return None if int(quoted.replace(",", "")) == count else f"the runs give {count:,}"
 
 
 def _paper_value(block: Block, match: re.Match[str], quoted: str) -> str | None:
@@ -261,6 +330,89 @@ def _paper_value(block: Block, match: re.Match[str], quoted: str) -> str | None:
     return f"the paper's rows give {', '.join(sorted({row['value'] for row in chosen}))}"
 
 
+def _pattern(citation: Citation) -> re.Pattern[str]:
+    """How ``citation``'s quoted value shows in its text: a verdict's words, a count as printed, a number
+    (a signed difference by its magnitude: its sign is checked apart) with its ``± H`` where it has one."""
+    if _VERDICT.match(citation.source):
+        return re.compile(rf"(?<![\w-]){re.escape(citation.quoted)}(?![\w-])")
+    if _PARAMETERS.match(citation.source):
+        return re.compile(rf"(?<!\d)(?<!\d[,.]){re.escape(citation.quoted)}(?!\d|[,.]\d)")
+    first, _, half = citation.quoted.partition("±")
+    number = rf"(?<![\d.]){re.escape(first.strip().lstrip('+' + _MINUS))}(?!\d)"
+    return re.compile(number + (rf"\s*±\s*{re.escape(half.strip())}(?!\d)" if half else ""))
+
+
+def _sign_shown(text: str, match: re.Match[str]) -> int:
+    """The sign the text gives the difference ``match`` found: a + or - right before it, else the
+    direction word right after it (after "points"), else the nearest before it in its sentence, else
+    + (an unsigned number with no word is positive)."""
+    before = text[: match.start()]
+    if before[-1:] and before[-1] in "+" + _MINUS and not before[-2:-1].isalnum():
+        return 1 if before[-1] == "+" else -1
+    after = re.match(r"\s*(?:points?\s+)?(\w+)", text[match.end() :])
+    if after and after[1] in (*UNDER, *ABOVE):
+        return -1 if after[1] in UNDER else 1
+    sentence = re.split(r"\.\s", before)[-1]
+    words = _DIRECTION.findall(sentence)
+    if words:
+        return -1 if words[-1] in UNDER else 1
+    return 1
+
+
+def placed(block: Block) -> list[str | None]:
+    """For each citation of ``block``, why its text does not show it where it should (None: it does):
+    each quoted value is looked for after the one cited before it, whole, and a difference with its sign."""
+    said: list[str | None] = []
+    position, start, previous = 0, 0, None
+    for citation in block.citations:
+        pattern = _pattern(citation)
+        # Two lines quoting one value ("worst participant and worst newcomer at 0.000") may share its place.
+        shared = previous is not None and previous.quoted == citation.quoted
+        match = pattern.search(block.text, start if shared else position)
+        if match is None:
+            earlier = pattern.search(block.text)
+            if earlier is None:
+                said.append(_absent(block.text, citation))
+                continue
+            assert previous is not None  # the first citation is looked for from the text's start
+            said.append(
+                f"{citation.quoted} ({citation.source}) is out of order: the text shows it before "
+                f"{previous.quoted} ({previous.source}), cited above it; cite in the order the text reads, "
+                "or the text has swapped them"
+            )
+            position, start, previous = earlier.end(), earlier.start(), citation
+            continue
+        position, start, previous = match.end(), match.start(), citation
+        said.append(_signed(block.text, match, citation))
+    return said
+
+
+def _absent(text: str, citation: Citation) -> str:
+    """Why ``citation`` is nowhere in ``text``: an interval whose mean is there with another width says so."""
+    mean, interval, _ = citation.quoted.partition("±")
+    magnitude = re.escape(mean.strip().lstrip("+" + _MINUS))
+    width = re.search(rf"(?<![\d.]){magnitude}\s*±\s*[\d.]+", text) if interval else None
+    return f"{citation.quoted} ({citation.source}) is not in the text above it" + (
+        f": the text shows {width[0]}, another width" if width else ""
+    )
+
+
+def _signed(text: str, match: re.Match[str], citation: Citation) -> str | None:
+    """Why the difference ``citation`` quotes shows in ``text`` (at ``match``) with no sign or the other one."""
+    number = re.fullmatch(r"\s*([+\u2212-]?\d+(?:\.\d+)?)\s*", citation.quoted.partition("±")[0])
+    if not _PAIRED.match(citation.source) or _VERDICT.match(citation.source) or not number:
+        return None  # not a difference, or not one as 'D ± H' (which ``measured`` says)
+    value = float(number[1].replace("\u2212", "-"))
+    if value == 0:
+        return None
+    if (_sign_shown(text, match) > 0) == (value > 0):
+        return None
+    return (
+        f"{citation.quoted} ({citation.source}): the text reads {'+-'[value > 0]}{match[0]}, the other sign; "
+        "sign it (-0.98, +0.98) or say which way (under, above)"
+    )
+
+
 def _shown(path: Path, root: Path) -> str:
     """``path`` as a message names it: from the repository's root where it is inside it."""
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
@@ -276,11 +428,10 @@ def problems(path: Path, root: Path) -> list[str]:
         numbers = {number for citation in block.citations for number in re.findall(r"\d+\.\d+", citation.quoted)}
         cited.setdefault(block.line, set()).update(numbers)
     for block in every:
-        for citation in block.citations:
+        for citation, shown in zip(block.citations, placed(block), strict=True):
             where = f"{_shown(path, root)}:{citation.line}"
-            # A signed difference may be worded ("0.98 points under"): its magnitude is what the text shows.
-            if citation.quoted.split("±")[0].strip().lstrip("+-") not in block.text:
-                found.append(f"{where}: {citation.quoted} ({citation.source}) is not in the text above it")
+            if shown:
+                found.append(f"{where}: {shown}")
                 continue
             wrong = measured(block, citation)
             if wrong:
