@@ -574,9 +574,15 @@ def _ranked_cell(entry: Ranked | None) -> str:
     return f"`{entry.method}` {entry.mean:.3f} ({_seeds(entry.seeds)})" if entry else "not run"
 
 
+#: The fewest seeds a method needs to be named best or runner-up in the README's method-choice table:
+#: one seed's ranking is a coin toss between close methods.
+MIN_RANKED_SEEDS = 3
+
+
 def choice_table(claims: Claims, base: Path) -> list[str]:
     """Markdown: per shift, the best federated method of the committed runs, the runner-up, their
-    paired difference, the paper's conditional and Oracle (a reference told the true clusters)."""
+    paired difference, the paper's conditional and Oracle (a reference told the true clusters).
+    Only methods with ``MIN_RANKED_SEEDS`` seeds or more are ranked; a shift without two of them says so."""
     lines = [
         "| shift | setting (results) | best | runner-up | best - runner-up, points | the paper's `conditional` "
         "| Oracle (told the clusters) |",
@@ -586,17 +592,23 @@ def choice_table(claims: Claims, base: Path) -> list[str]:
         ranked, reference = ranked_methods(choice)
         if len(ranked) < 2:
             raise FedcondError(f"choice '{choice.shift}': fewer than two federated methods ran; list other folders")
-        best, second = ranked[0], ranked[1]
-        seeds = sorted(set(best.finals) & set(second.finals), key=int)
-        differences = [100 * (best.finals[seed] - second.finals[seed]) for seed in seeds]
-        half = confidence_half_width(differences)
-        interval = f" ± {half:.2f}" if math.isfinite(half) else ""
-        gap = f"{np.mean(differences):+.2f}{interval}, {_seeds(len(seeds))}" if differences else "no common seed"
+        eligible = [entry for entry in ranked if entry.seeds >= MIN_RANKED_SEEDS]
         conditional = next((entry for entry in ranked if entry.method == "conditional"), None)
         links = ", ".join(f"[{folder.name}]({_link(folder, base)})" for folder in choice.folders)
+        if len(eligible) < 2:
+            unranked = f"not ranked: {len(eligible)} method(s) at {MIN_RANKED_SEEDS} seeds or more"
+            best_cell, second_cell, gap = unranked, "—", "—"
+        else:
+            best, second = eligible[0], eligible[1]
+            seeds = sorted(set(best.finals) & set(second.finals), key=int)
+            differences = [100 * (best.finals[seed] - second.finals[seed]) for seed in seeds]
+            half = confidence_half_width(differences)
+            interval = f" ± {half:.2f}" if math.isfinite(half) else ""
+            gap = f"{np.mean(differences):+.2f}{interval}, {_seeds(len(seeds))}" if differences else "no common seed"
+            best_cell, second_cell = _ranked_cell(best), _ranked_cell(second)
         lines.append(
-            "| " + " | ".join([choice.shift, f"{choice.setting} ({links})", _ranked_cell(best), _ranked_cell(second),
-                               gap, _ranked_cell(conditional), _ranked_cell(reference)]) + " |"
+            "| " + " | ".join([choice.shift, f"{choice.setting} ({links})", best_cell, second_cell, gap,
+                               _ranked_cell(conditional), _ranked_cell(reference)]) + " |"
         )  # fmt: skip
     return lines
 
@@ -627,7 +639,8 @@ def readme_block(claims: Claims, base: Path, report: Path) -> str:
         f"interval, and the seeds still to run: [the verdict table]({link}#the-papers-claims-our-verdicts).",
         "",
         "Which federated method scored best under each shift in the committed runs (final mean client accuracy; "
-        "Oracle is a reference told the true clusters, not a method a federation can run):",
+        f"only methods run at {MIN_RANKED_SEEDS} seeds or more are ranked; Oracle is a reference told the true "
+        "clusters, not a method a federation can run):",
         "",
         *choice_table(claims, base),
         "",
