@@ -105,7 +105,11 @@ def missing_nodes(client_manager: ClientManager, expected: int, timeout: float) 
     """Which partitions have no node (the connected nodes are asked which they hold), and the fix, for
     a deployment and for a simulation."""
     answers = ask_each(list(client_manager.all().values()), {STEP: STEP_IDENTITY}, timeout)
-    held = {int(str(answer[PARTITION_ID])) for answer in answers if isinstance(answer, dict) and PARTITION_ID in answer}
+    # An answer is the node's properties (a ConfigRecord through Flower's grid, a mapping either way) or
+    # the one-line reason it gave none.
+    held = {
+        int(str(answer[PARTITION_ID])) for answer in answers if not isinstance(answer, str) and PARTITION_ID in answer
+    }
     missing = [partition for partition in range(expected) if partition not in held]
     simulation = f'a simulation: --federation-config "num-supernodes={expected}"'
     if not missing:

@@ -28,6 +28,7 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.compat.common.recorddict_compat import getpropertiesres_to_recorddict, recorddict_to_getpropertiesres
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.server import evaluate_clients, fit_clients
@@ -77,7 +78,9 @@ class FakeNode(ClientProxy):
 
     def get_properties(self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None) -> GetPropertiesRes:
         self.identity_questions += 1
-        return GetPropertiesRes(Status(Code.OK, ""), self.identity())
+        # Through the records Flower's grid proxy decodes (its properties arrive as a ConfigRecord, not a dict).
+        answer = GetPropertiesRes(Status(Code.OK, ""), self.identity())
+        return recorddict_to_getpropertiesres(getpropertiesres_to_recorddict(answer))
 
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
         if self.fit_error:
