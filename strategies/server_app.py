@@ -122,6 +122,19 @@ class _WithoutTraceback(logging.Filter):
 
 FLOWER_LOGGER.addFilter(_WithoutTraceback())
 
+#: Flower's line for a round with no evaluate message. fedcond's training clients evaluate a round's
+#: model in the next round's fit (evaluate-in-fit), so most rounds send none by design and the line,
+#: one per round, reads as if evaluation were off.
+NO_EVALUATION_LINE = "configure_evaluate: no clients selected, skipping evaluation"
+
+
+class _WithoutSkippedEvaluation(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != NO_EVALUATION_LINE
+
+
+FLOWER_LOGGER.addFilter(_WithoutSkippedEvaluation())
+
 
 def check_resumed_rounds(config: RunConfig, given: Mapping[str, object]) -> None:
     """A resume through ``flwr run`` must say how many rounds the run has: Flower fills a key it is not

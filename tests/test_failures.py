@@ -484,3 +484,27 @@ def test_why_a_client_did_not_answer_is_read_from_flowers_error_replies():
     assert failure_reason(proxy_error("<class 'ZeroDivisionError'>:<'division by zero'>")) == (
         "ZeroDivisionError: division by zero"
     )
+
+
+def test_flowers_per_round_skipping_evaluation_line_is_not_printed():
+    """fedcond's training clients evaluate in the next round's fit, so Flower's line for a round without
+    evaluate messages would print every round; the filter drops exactly Flower's own wording."""
+    import inspect
+    import logging
+
+    import flwr.server.server
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from strategies.server_app import NO_EVALUATION_LINE
+
+    assert f'"{NO_EVALUATION_LINE}"' in inspect.getsource(flwr.server.server)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        FLOWER_LOGGER.info(NO_EVALUATION_LINE)
+        FLOWER_LOGGER.info("configure_fit: strategy sampled 4 clients (out of 4)")
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    assert seen == ["configure_fit: strategy sampled 4 clients (out of 4)"]
