@@ -258,8 +258,8 @@ def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> 
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     for name, value in OFFLINE_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    # Ray's C++ failure handler would meet SIGTERM with a stack dump and an abort; without it, Ray's
-    # Python handler raises SystemExit, which stops the sweep cleanly (run_and_report).
+    # Ray's C++ failure handler would meet SIGTERM with a stack dump and an abort; without it, SIGTERM
+    # stops the sweep as Ctrl+C does (fedcond.stopping's handler, put back after ray.init: run_and_report).
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
     def run_one(config: RunConfig) -> None:
