@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedcond import locks
+from fedcond import locks, stopping
 from fedcond.config import Option, RunConfig, canonical_record
 from fedcond.errors import FedcondError
 from fedcond.history import CHECKPOINT_EVERY, FREE_ON_RESUME, PATH_KEYS, RESUME, RUN_LOCK, RoundRecord, results_base
@@ -90,13 +90,19 @@ def save_checkpoint(folder: Path, checkpoint: Checkpoint) -> int:
         torch.save(payload, handle)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    # The rename itself is durable only once the folder's entry is on disk.
-    directory = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+        # Never the checkpoint of a round a stop (Ctrl+C, SIGTERM) came during: the previous one stays.
+        with stopping.committing(f"round {checkpoint.round}'s checkpoint"):
+            os.replace(temporary, path)
+            # The rename itself is durable only once the folder's entry is on disk.
+            directory = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+    except stopping.Interrupted:
+        temporary.unlink(missing_ok=True)
+        raise
     return path.stat().st_size
 
 

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedcond import locks
+from fedcond import locks, stopping
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.live_curves import EVENT_FILE_PREFIX, LIVE_CURVES, LiveCurves
@@ -185,7 +185,8 @@ def results_folder(config: RunConfig) -> Path:
 
 
 def run_status(folder: Path) -> str:
-    """``finished``, ``failed: <reason>``, ``running`` (killed before it could say) or ``missing``."""
+    """``finished``, ``failed: <reason>``, ``stopped: <how>`` (Ctrl+C or SIGTERM: ``mark_stopped``),
+    ``running`` (killed before it could say) or ``missing``."""
     try:
         info = json.loads((folder / "run.json").read_text())
     except (OSError, ValueError):
@@ -333,9 +334,11 @@ class RunRecorder:
         return self.folder / "history.csv"
 
     def add(self, record: RoundRecord) -> None:
-        self.records.append(record)
-        with self.history_path.open("a", newline="") as handle:
-            csv.DictWriter(handle, self.columns).writerow(self.row(record))
+        # Never a row once a stop is under way: the round it closes may miss clients the stop ended.
+        with stopping.committing(f"round {record.round}'s history row"):
+            self.records.append(record)
+            with self.history_path.open("a", newline="") as handle:
+                csv.DictWriter(handle, self.columns).writerow(self.row(record))
         if self.curves is not None:
             self.curves.add(record)
 
@@ -396,7 +399,9 @@ class RunRecorder:
             self._lock = None
 
     def _write_info(self) -> None:
-        write_run_info(self.folder, self._info)
+        # Never once a stop is under way: the stop's own line (mark_stopped) would be written over.
+        with stopping.committing("run.json"):
+            write_run_info(self.folder, self._info)
 
 
 def write_run_info(folder: Path, info: dict[str, Any]) -> None:
@@ -467,11 +472,33 @@ def mark_failed(folder: Path, reason: str) -> None:
         info = json.loads((folder / "run.json").read_text())
     except (OSError, ValueError):
         info = {}
-    if info.get("status") in ("finished", "failed"):
+    if info.get("status") in ("finished", "failed", STOPPED_STATUS):
         return
     info.update(status="failed", error=reason)
     folder.mkdir(parents=True, exist_ok=True)
     write_run_info(folder, info)
+
+
+#: run.json's status of a run that a stop (Ctrl+C, SIGTERM) ended before it finished.
+STOPPED_STATUS = "stopped"
+#: ... and what it says of the stop (``run_status``: ``stopped: <this>``).
+STOPPED_REASON = "by Ctrl+C or SIGTERM before it finished; the same command resumes it from its last checkpoint"
+
+
+def mark_stopped(folder: Path, reason: str = STOPPED_REASON) -> None:
+    """Record that a stop ended the run in ``folder`` (unless it finished): status ``stopped``, its
+    rounds those of its last checkpoint, which a rerun resumes from. Written once no write of the
+    run's own is in progress, and (``fedcond.stopping``) none comes after it."""
+    with stopping.commit_lock():
+        try:
+            info = json.loads((folder / "run.json").read_text())
+        except (OSError, ValueError):
+            info = {}
+        if info.get("status") == "finished":
+            return
+        info.update(status=STOPPED_STATUS, error=reason, stopped=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        folder.mkdir(parents=True, exist_ok=True)
+        write_run_info(folder, info)
 
 
 @contextlib.contextmanager
@@ -482,6 +509,9 @@ def failures_recorded(recorder: RunRecorder) -> Iterator[RunRecorder]:
     try:
         yield recorder
     except Exception as error:
+        # An error that comes once a stop is under way is the stop's doing (Ray shut down under the
+        # round): the run is stopped, not failed (``mark_stopped``), and resumes.
+        stopping.check(f"the run's error ({error_line(error)})")
         if not isinstance(error, FedcondError):
             (recorder.folder / TRACEBACK_FILE).write_text("".join(traceback.format_exception(error)))
         recorder.fail(error_line(error))

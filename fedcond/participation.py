@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fedcond import stopping
 from fedcond.errors import FedcondError
 
 FIT = "fit"
@@ -80,7 +81,11 @@ class RoundParticipation:
         self._lock = threading.Lock()
 
     def fail(self, stage: str, partition_id: int, reason: str, outcome: str = FAILED) -> None:
-        """Record that ``partition_id`` did not answer ``stage``; its round outcome is its first such."""
+        """Record that ``partition_id`` did not answer ``stage``; its round outcome is its first such.
+
+        Refused (``fedcond.stopping.Interrupted``) once a stop is under way: the stop ends the round,
+        whose clients' failures are then the stop's doing (Ray's workers die with it), never data."""
+        stopping.check(f"round {self.round}: partition {partition_id}'s failure in {stage}")
         failure = Failure(self.round, stage, partition_id, outcome, " ".join(reason.split()) or "no reason given")
         with self._lock:
             self.failures.append(failure)

@@ -28,6 +28,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from flwr.serverapp.grid import Grid
 
+from fedcond import stopping
 from fedcond.aggregation import Model, StreamingAverage
 from fedcond.checkpoint import GLOBAL_MODEL, Checkpoint
 from fedcond.config import Option, RunConfig
@@ -456,6 +457,7 @@ class FedcondStrategy(Strategy):
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        stopping.check(f"round {server_round}'s fit replies")  # the stop's failures are no data
         answered = answered_replies(FIT, results, failures, self.participation)
         # The last round's row first: its evaluations came back even if the policy now stops the run;
         # a sampled client whose reply did not come did not evaluate it either.
@@ -482,6 +484,7 @@ class FedcondStrategy(Strategy):
         """The fit step's end under SecAgg+: the protocol's dropouts are the round's fit failures, the
         failure policy applies to the contributors, and the new global model comes from the mean
         alone (``combine_sum``); the mean's last array is the sample-weighted mean training loss."""
+        stopping.check(f"round {server_round}'s secure sum")
         outcome.record_failures(self.participation, FIT)
         failures = self.participation.failures
         self.enforce_policy(FIT)
@@ -526,6 +529,7 @@ class FedcondStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
     ) -> tuple[float | None, dict[str, Scalar]]:
+        stopping.check(f"round {server_round}'s evaluations")
         answered = answered_replies(EVALUATE, results, failures, self.participation)
         self.enforce_policy(EVALUATE)
         record = self.close_round(server_round, answered)

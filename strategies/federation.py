@@ -11,6 +11,7 @@ from flwr.common import Code, GetPropertiesIns
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from fedcond import stopping
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import ERROR, PARTITION_ID, STEP, STEP_IDENTITY
@@ -36,12 +37,20 @@ NODE_UNAVAILABLE = "Node Unavailable"
 # How Flower's legacy client proxy words an error reply, and how it words a ClientApp's exception.
 FLOWER_WRAPPER = re.compile(r"Message contains an Error \(reason: (.*)\)\. It originated", re.DOTALL)
 EXCEPTION_TEXT = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>", re.DOTALL)
+# How Flower's Ray actor wraps what a simulated ClientApp raised (flwr.clientapp.client_app).
+CLIENT_APP_EXCEPTION = "ClientAppException"
 
 
 def message_timeout(config: RunConfig) -> float | None:
     """``round-timeout`` as Flower takes it (a message's TTL): None for no limit of fedcond's own."""
     seconds = ROUND_TIMEOUT.of(config)
     return float(seconds) if seconds > 0 else None
+
+
+def raised_by_client(error: BaseException | str) -> bool:
+    """Whether a simulated client's own code raised ``error`` (rather than its Ray worker dying, its
+    message going unanswered): a failure a stop cannot have made (``fedcond.stopping.settled``)."""
+    return CLIENT_APP_EXCEPTION in str(error)
 
 
 def failure_reason(error: BaseException | str) -> str:
@@ -135,6 +144,8 @@ def ask_each(
         try:
             response = proxy.get_properties(GetPropertiesIns(config=question), timeout=timeout, group_id=0)
         except Exception as error:  # the client's exception, its node's departure or an expired message
+            if not raised_by_client(error):
+                stopping.settled("a client's failure to answer before round 1")
             return classify_failure(error, time.monotonic() - started, timeout)[1]
         if response.status.code != Code.OK:
             return failure_reason(response.status.message)

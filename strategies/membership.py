@@ -31,11 +31,12 @@ from flwr.common import (
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from fedcond import stopping
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
 from fedcond.messages import PARTITION_ID, STEP, STEP_IDENTITY
 from fedcond.participation import RoundParticipation
-from strategies.federation import ask_all, ask_each, classify_failure
+from strategies.federation import ask_all, ask_each, classify_failure, raised_by_client
 
 NODE_CONFIG_FIX = "give each SuperNode its own --node-config partition-id=..."
 
@@ -65,6 +66,9 @@ class PartitionProxy(ClientProxy):
         try:
             return call()
         except Exception as error:
+            if not raised_by_client(error):
+                # Its worker died or its message went unanswered: perhaps a stop's doing, seen first.
+                stopping.settled(f"round {self.participation.round}: partition {self.partition_id}'s failure")
             outcome, reason = classify_failure(error, time.monotonic() - started, timeout)
             self.participation.fail(self.stage, self.partition_id, reason, outcome)
             raise

@@ -13,6 +13,7 @@ from flwr.common import Parameters, Scalar, parameters_to_ndarrays
 from flwr.server import Server, SimpleClientManager
 from flwr.server.history import History
 
+from fedcond import stopping
 from fedcond.checkpoint import CHECKPOINT_FILE, GLOBAL_MODEL, Checkpoint, checkpoint_due, save_checkpoint
 from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
@@ -83,7 +84,11 @@ class CheckpointingServer(Server):
         5. Record: ``end_round`` closes the round's history row (or leaves it pending, as above).
         6. Checkpoint: the strategy's state and the global model (``checkpoint-every``), only after
            the round's row, so that an error above leaves the last good checkpoint.
+
+        A stop (Ctrl+C, SIGTERM: ``fedcond.stopping``) discards the round under way: from the moment it
+        is requested no failure, row, ``run.json`` line or checkpoint is recorded (``Interrupted``).
         """
+        stopping.check(f"round {number}")
         if self.fedcond_strategy.secure.model_updates:
             fitted = self.secure_fit_round(number)
         else:
@@ -97,6 +102,7 @@ class CheckpointingServer(Server):
         if evaluated is not None and evaluated[0] is not None:
             history.add_loss_distributed(server_round=number, loss=evaluated[0])
             history.add_metrics_distributed(server_round=number, metrics=evaluated[1])
+        stopping.check(f"round {number}'s record")
         self.fedcond_strategy.end_round(number)
         if checkpoint_due(self.fedcond_strategy.inputs.config, number):
             self.save_checkpoint(number)

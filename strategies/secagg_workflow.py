@@ -49,6 +49,7 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import Workflow
 from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 
+from fedcond import stopping
 from fedcond.messages import EPSILON
 from fedcond.participation import FAILED, TIMED_OUT, RoundParticipation
 from fedcond.secagg_settings import MODULUS
@@ -76,7 +77,10 @@ class SecureSum:
 
     def record_failures(self, participation: RoundParticipation, stage: str) -> None:
         """Every client the protocol left out, then every contributor that failed after its masked
-        vector was collected (it is in the sum all the same), as failures of ``stage``."""
+        vector was collected (it is in the sum all the same), as failures of ``stage``; none once a stop
+        is under way, or comes within a moment (``fedcond.stopping.settled``: a worker it killed)."""
+        if self.dropped or self.late:
+            stopping.settled(f"SecAgg+'s dropouts in {stage}")
         for partition, (how, reason) in self.dropped.items():
             participation.fail(stage, partition, reason, how)
         for partition, (how, reason) in self.late.items():

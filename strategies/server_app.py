@@ -22,7 +22,7 @@ from flwr.server import Grid, ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.supercore.exit import add_exit_handler
 
-from fedcond import privacy, secagg_settings
+from fedcond import privacy, secagg_settings, stopping
 from fedcond.checkpoint import load_checkpoint, resume_folder, resumption_note, run_info
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
@@ -163,6 +163,10 @@ def make_server_app(config: RunConfig | None = None) -> ServerApp:
                 settings = run_config(context.run_config)
                 check_resumed_rounds(settings, grid.run.override_config)
             run_server(grid, settings)
+        except stopping.Interrupted as interrupted:
+            # A compare's or sweep's stop (Ctrl+C, SIGTERM): the round under way is dropped, the main
+            # thread shuts the run down and says so in run.json (fedcond.history.mark_stopped).
+            print(f"fedcond: {interrupted}", file=sys.stderr, flush=True)
         except Exception as error:
             # Any failure (a FedcondError, or an unexpected one such as a client's error at the
             # secure-sum step) ends here as one line: run.json already says failed (failures_recorded).

@@ -727,7 +727,7 @@ def test_sigterm_while_ray_starts_stops_the_compare_cleanly_and_the_same_command
     assert left_behind() == []
     run = out / "runs" / "method-fedavg_seed-0"
     if run.exists():
-        assert run_status(run) == f"failed: {STOPPED}"
+        assert run_status(run) == STOPPED
     finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert run_status(run) == "finished"

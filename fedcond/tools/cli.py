@@ -15,14 +15,15 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from fedcond import stopping
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.history import RESUME, run_status
@@ -56,7 +57,7 @@ from fedcond.tools.flwr_commands import (
     to_run_config_string,
     unfinished,
 )
-from fedcond.tools.processes import descendants, end_processes
+from fedcond.tools.processes import descendants, end_processes, tagged
 from strategies.registry import run_config
 
 
@@ -257,8 +258,8 @@ def simulation_runner(cpus_per_client: float, gpus_per_client: float | None) -> 
     gpus = default_gpus_per_client() if gpus_per_client is None else gpus_per_client
     for name, value in OFFLINE_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    # Ray's C++ failure handler would meet SIGTERM with a stack dump and an abort; without it, Ray's
-    # Python handler raises SystemExit, which stops the sweep cleanly (run_and_report).
+    # Ray's C++ failure handler would meet SIGTERM with a stack dump and an abort; without it, SIGTERM
+    # stops the sweep as Ctrl+C does (fedcond.stopping's handler, put back after ray.init: run_and_report).
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
     def run_one(config: RunConfig) -> None:
@@ -326,56 +327,48 @@ def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, a
         runner: Callable[[RunConfig], None] = run_without_ray
     else:
         runner = simulation_runner(arguments.cpus_per_client, arguments.gpus_per_client)
-    try:
-        with sigterm_as_interrupt():
+    # Every process this one starts (Ray's, --parallel's) carries the tag, so that a stop finds them all.
+    os.environ.setdefault(STOP_TAG_VARIABLE, f"{os.getpid()}-{uuid.uuid4().hex}")
+    # Ctrl+C and SIGTERM stop the compare or sweep (fedcond.stopping), the report included: installed
+    # before Ray starts, so that no run records what a stop did to it.
+    with stopping.handlers():
+        try:
             run_experiment(experiment, base, out, runner, sys.stdout, arguments.parallel)
-    except (KeyboardInterrupt, SystemExit) as stop:
-        leave_stopped(130 if isinstance(stop, KeyboardInterrupt) and not SIGTERM_RECEIVED.is_set() else 143)
-    return report(out)
+            return report(out)
+        except (KeyboardInterrupt, SystemExit) as stop:
+            sigterm = stopping.SIGTERM_RECEIVED.is_set() or not isinstance(stop, KeyboardInterrupt)
+            leave_stopped(143 if sigterm else 130)
 
 
-#: Set when this process got SIGTERM while a compare or sweep ran (its exit status then says so).
-SIGTERM_RECEIVED = threading.Event()
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler, a CI timeout, ``kill``) stops a compare or sweep as Ctrl+C does.
-
-    Until Ray starts, Python's default would end the process on the spot; Ray's ``init`` then puts
-    its own handler in place, which raises ``SystemExit`` in the main thread, and that is met the same way."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    SIGTERM_RECEIVED.set()
-    raise KeyboardInterrupt
+#: The environment variable that tags every process a compare or sweep starts (``leave_stopped``).
+STOP_TAG_VARIABLE = "FEDCOND_STOP_TAG"
 
 
 def leave_stopped(status: int) -> NoReturn:
-    """Say how to go on, stop Ray's processes, and exit now with ``status``.
+    """Say how to go on, end every process this one started (Ray's), and exit now with ``status``.
 
-    The run that was stopped says so in its run.json and resumes from its checkpoint (``run_one``).
-    Flower's ServerApp thread waits, without a timeout, for replies that the stopped simulation will
-    never send, and the interpreter would wait for that thread at exit forever: this exits without
-    joining it (``os._exit``), once everything this process owes is written and flushed."""
+    The run that was stopped says ``stopped`` in its run.json and resumes from its checkpoint
+    (``run_one``); nothing after the stop was recorded (``fedcond.stopping``). Flower's ServerApp thread
+    may wait, without a timeout, for replies that the stopped simulation will never send, and the
+    interpreter would wait for that thread at exit forever: this exits without joining it
+    (``os._exit``), once everything this process owes is written and flushed."""
+    stopping.quiet()  # a second Ctrl+C or SIGTERM does not cut this short
     print(
-        "fedcond: stopped (Ctrl+C or SIGTERM); finished runs and rounds are kept: run the same command again to resume",
+        "fedcond: stopped (Ctrl+C or SIGTERM); the round under way is dropped, finished runs and each run's "
+        "checkpointed rounds are kept: run the same command again to resume",
         file=sys.stderr,
         flush=True,
     )
-    # Found before Ray's shutdown orphans them: a stop in the middle of Ray's start leaves agents
-    # that its shutdown does not know of.
-    started = descendants([os.getpid()])
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        with contextlib.suppress(Exception):
-            ray.shutdown()
-    end_processes(started, grace=5.0)
+    # Found before Ray's shutdown orphans them: a stop in the middle of Ray's start leaves processes
+    # that its shutdown does not know of; the tag finds those whose parent has gone already.
+    tag = os.environ.get(STOP_TAG_VARIABLE, "")
+    started = descendants([os.getpid()]) | (tagged(tag, STOP_TAG_VARIABLE) if tag else set())
+    with contextlib.suppress(Exception):
+        from fedcond.tools.simulation import stop_ray
+
+        stop_ray()
+    late = descendants([os.getpid()]) | (tagged(tag, STOP_TAG_VARIABLE) if tag else set())
+    end_processes((started | late) - {os.getpid()}, grace=5.0)
     logging.shutdown()
     sys.stdout.flush()
     os._exit(status)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedcond import locks
+from fedcond import locks, stopping
 from fedcond.config import RunConfig, canonical_record, value_before_it_existed
 from fedcond.errors import FedcondError
 from fedcond.history import (
@@ -36,11 +36,14 @@ from fedcond.history import (
     RUN_LOCK,
     SCORE,
     SPREAD_COLUMNS,
+    STOPPED_REASON,
+    STOPPED_STATUS,
     VALIDATION_COLUMNS,
     column_on_disk,
     dataset_metric,
     error_line,
     mark_failed,
+    mark_stopped,
     row_in_memory,
     row_on_disk,
     run_status,
@@ -602,10 +605,14 @@ def run_experiment(
 
 def _worker_setup(threads: int) -> None:
     """A parallel run's process: its share of the cores, so that the runs do not fight over them (the
-    in-process runner keeps Flower's log lines off the terminal itself: ``cli.run_without_ray``)."""
+    in-process runner keeps Flower's log lines off the terminal itself: ``cli.run_without_ray``).
+    SIGTERM (the stopping sweep ends its processes so) stops its run as Ctrl+C does: ``stopped``."""
+    import signal
+
     import torch
 
     torch.set_num_threads(threads)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def run_in_parallel(
@@ -621,7 +628,8 @@ def run_in_parallel(
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // parallel)
     context = multiprocessing.get_context("spawn")
     started = time.monotonic()
-    with concurrent.futures.ProcessPoolExecutor(parallel, context, _worker_setup, (threads,)) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(parallel, context, _worker_setup, (threads,))
+    try:
         futures = {pool.submit(run_one, runner, run, runs_dir): run for run in pending}
         for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
             run = futures[future]
@@ -638,6 +646,12 @@ def run_in_parallel(
                 file=stream,
                 flush=True,
             )
+    except (KeyboardInterrupt, SystemExit):
+        # A stop: no run starts after it, and the runs going on are not waited for (the caller ends
+        # their processes, which then say stopped: _worker_setup).
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 @contextlib.contextmanager
@@ -660,22 +674,34 @@ def experiment_lock(out: Path) -> Iterator[None]:
         locks.release(handle)
 
 
-#: run.json's error of a run whose compare or sweep was stopped (Ctrl+C, SIGTERM) while it ran.
-STOPPED = "stopped by Ctrl+C or SIGTERM before it finished; the same command resumes it"
+#: What ``run_status`` says of a run whose compare or sweep was stopped (Ctrl+C, SIGTERM) while it ran.
+STOPPED = f"{STOPPED_STATUS}: {STOPPED_REASON}"
 
 
 def run_one(runner: Runner, run: PlannedRun, runs_dir: Path) -> None:
-    """Run one grid point; whatever it raises is recorded as its failure, and the grid goes on."""
+    """Run one grid point; whatever it raises is recorded as its failure, and the grid goes on.
+
+    A stop (Ctrl+C, SIGTERM: ``fedcond.stopping``) is no failure: the run says ``stopped`` (never
+    ``running``, never ``failed``), the grid stops, and the same command resumes the run from its last
+    checkpoint. So is an error that comes while a stop is under way (Ray shut down under the run), and a
+    runner that returns during one (Flower's threads ended before the main thread's interrupt)."""
+    folder = runs_dir / run.name
     try:
         runner(run.config)
     except Exception as error:
-        mark_failed(runs_dir / run.name, error_line(error))
+        if stopping.requested():
+            mark_stopped(folder)
+            raise KeyboardInterrupt from error
+        mark_failed(folder, error_line(error))
         return
     except (KeyboardInterrupt, SystemExit):
-        # Ctrl+C or SIGTERM (Ray's handler, once it has started, turns SIGTERM into SystemExit): the
-        # grid stops here; this run is no failure of its settings and the same command resumes it.
-        mark_failed(runs_dir / run.name, STOPPED)
+        # Nothing of the run's own is written after this (fedcond.stopping), whatever raised it.
+        stopping.quiet()
+        mark_stopped(folder)
         raise
+    if stopping.requested():
+        mark_stopped(folder)
+        raise KeyboardInterrupt
     # A run that returned without saying how it ended (no run.json: it stopped before writing one;
     # or still "running") failed, its error on the terminal: not "not run yet", nor left "running".
     mark_failed(runs_dir / run.name, "the run ended without finishing; see the error printed above this line")

@@ -48,12 +48,12 @@ def alive(pid: int) -> bool:
         return False
 
 
-def tagged(tag: str) -> set[int]:
-    """Live processes whose environment carries ``TAG_VARIABLE=tag``."""
+def tagged(tag: str, variable: str = TAG_VARIABLE) -> set[int]:
+    """Live processes whose environment carries ``variable=tag``."""
     found = set()
     for process in psutil.process_iter(["environ"], ad_value=None):
         environment = process.info["environ"] or {}
-        if environment.get(TAG_VARIABLE) == tag and alive(process.pid):
+        if environment.get(variable) == tag and alive(process.pid):
             found.add(process.pid)
     return found
 

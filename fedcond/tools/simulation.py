@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from flwr.clientapp.typing import Mod
 from flwr.common.logger import FLOWER_LOGGER
 from flwr.simulation import run_simulation
 
 from clients.app import make_client_app
+from fedcond import stopping
 from fedcond.config import RunConfig
 from strategies.server_app import RunStopped, make_server_app
 
@@ -52,18 +55,72 @@ def simulate(
     level = FLOWER_LOGGER.level
     if quiet:
         FLOWER_LOGGER.setLevel(logging.ERROR)
+    backend = backend_config(cpus_per_client, gpus_per_client)
+    on_ray = clients_on_ray()
     try:
-        with output_to(log) if log is not None else contextlib.nullcontext():
+        with (
+            output_to(log) if log is not None else contextlib.nullcontext(),
+            stopping.remote_clients() if on_ray else contextlib.nullcontext(),
+        ):
+            if on_ray:
+                start_ray(backend)
             run_simulation(
                 server_app=make_server_app(config),
                 client_app=make_client_app(config, client_mods),
                 num_supernodes=num_supernodes or config.num_clients,
-                backend_config=backend_config(cpus_per_client, gpus_per_client),  # type: ignore[arg-type]
+                backend_config=backend,  # type: ignore[arg-type]
             )
     except RunStopped:
         pass  # the ServerApp stopped the run: its line is printed, its folder says failed and why
     finally:
         FLOWER_LOGGER.setLevel(level)
+        if on_ray:
+            stop_ray()
+
+
+def clients_on_ray() -> bool:
+    """Whether Flower's Simulation Runtime runs the ClientApps on Ray's actors: its backend is its own
+    Ray backend (the tests put one in its place that runs them in this process, tests/thread_backend.py)."""
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    return raybackend.RayBackend.__module__ == raybackend.__name__
+
+
+def start_ray(backend: Mapping[str, Any]) -> None:
+    """Start Ray as Flower's Ray backend would (``RayBackend.init_ray`` with ``run_simulation``'s
+    defaults), which then finds it started; here, so that a compare's or sweep's stop handlers
+    (``fedcond.stopping``) are put back after ``ray.init`` has put Ray's own SIGTERM handler in place:
+    a SIGTERM then stops the run as Ctrl+C does, never through Ray's handler, which ends Ray's
+    processes first and a round could record the clients it took as failures."""
+    import ray
+    from flwr.supercore.constant import DEFAULT_SIMULATION_CONFIG
+
+    if ray.is_initialized():
+        return
+    init_args: dict[str, Any] = {
+        "logging_level": DEFAULT_SIMULATION_CONFIG.init_args_logging_level,
+        "log_to_driver": DEFAULT_SIMULATION_CONFIG.init_args_log_to_driver,
+        "include_dashboard": False,
+        **backend.get("init_args", {}),
+    }
+    # As Flower's backend does: Ray's processes import the apps from this process's sys.path.
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    try:
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+    finally:
+        stopping.install()
+
+
+def stop_ray() -> None:
+    """Shut down the Ray this process started, if Flower has not: a run stopped before its backend
+    existed, or in the middle of ``ray.init`` (not initialised yet, some of its processes started:
+    ``ray.shutdown`` ends those too). Nothing when Ray was never imported."""
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        ray.shutdown()
 
 
 @contextlib.contextmanager
