@@ -288,3 +288,18 @@ def test_ctrl_c_while_ray_starts_mid_round_and_while_a_checkpoint_is_written_rec
         assert failures(out / "runs" / run) == [] == failures(straight / "runs" / run)
         notes = json.loads((out / "runs" / run / "run.json").read_text())["resumed"]
         assert notes and all(note["previous_status"] == STOPPED for note in notes), notes
+
+
+def test_each_compare_tags_its_processes_anew_and_leaves_the_callers_tag_as_it_was(tmp_path, monkeypatch):
+    """A stop ends the processes carrying its compare's tag: a tag inherited from whoever started the
+    compare (a process that ran one before, a compare beside it) would end theirs too."""
+    from fedcond.tools import cli
+
+    seen: list[str] = []
+    monkeypatch.setattr(cli, "run_experiment", lambda *args, **kwargs: seen.append(os.environ[cli.STOP_TAG_VARIABLE]))
+    monkeypatch.setattr(cli, "report", lambda out: 0)
+    monkeypatch.setenv(cli.STOP_TAG_VARIABLE, "another-compare")
+    for name in ("a", "b"):
+        assert cli.main(["compare", "--methods", "fedavg", "--out", str(tmp_path / name), "num-server-rounds=1"]) == 0
+    assert len(seen) == 2 and "another-compare" not in seen and seen[0] != seen[1]
+    assert os.environ[cli.STOP_TAG_VARIABLE] == "another-compare"

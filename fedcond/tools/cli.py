@@ -328,16 +328,25 @@ def run_and_report(experiment: Experiment, base: dict[str, object], out: Path, a
     else:
         runner = simulation_runner(arguments.cpus_per_client, arguments.gpus_per_client)
     # Every process this one starts (Ray's, --parallel's) carries the tag, so that a stop finds them all.
-    os.environ.setdefault(STOP_TAG_VARIABLE, f"{os.getpid()}-{uuid.uuid4().hex}")
+    # A new tag for each compare, never one inherited: a compare started beside another (by a process
+    # that ran one before) must not end the other's processes when it stops.
+    inherited = os.environ.get(STOP_TAG_VARIABLE)
+    os.environ[STOP_TAG_VARIABLE] = f"{os.getpid()}-{uuid.uuid4().hex}"
     # Ctrl+C and SIGTERM stop the compare or sweep (fedcond.stopping), the report included: installed
     # before Ray starts, so that no run records what a stop did to it.
-    with stopping.handlers():
-        try:
-            run_experiment(experiment, base, out, runner, sys.stdout, arguments.parallel)
-            return report(out)
-        except (KeyboardInterrupt, SystemExit) as stop:
-            sigterm = stopping.SIGTERM_RECEIVED.is_set() or not isinstance(stop, KeyboardInterrupt)
-            leave_stopped(143 if sigterm else 130)
+    try:
+        with stopping.handlers():
+            try:
+                run_experiment(experiment, base, out, runner, sys.stdout, arguments.parallel)
+                return report(out)
+            except (KeyboardInterrupt, SystemExit) as stop:
+                sigterm = stopping.SIGTERM_RECEIVED.is_set() or not isinstance(stop, KeyboardInterrupt)
+                leave_stopped(143 if sigterm else 130)
+    finally:
+        if inherited is None:
+            os.environ.pop(STOP_TAG_VARIABLE, None)
+        else:
+            os.environ[STOP_TAG_VARIABLE] = inherited
 
 
 #: The environment variable that tags every process a compare or sweep starts (``leave_stopped``).
