@@ -393,6 +393,8 @@ def wait_for_rounds(folder: Path, rounds: int, submitter: subprocess.Popen[bytes
 
 # history.csv's accounting of each round (the failure policy, docs/deployment.md "Failures and time limits").
 FAILURE_COLUMNS = ("clients_asked", "clients_answered", "clients_failed", "clients_timed_out")
+#: The rounds of the rejoin test: enough for a restarted node to be back before the last one.
+REJOIN_ROUNDS = 8
 ROUND_WAIT = 1200.0  # seconds a deployed round may take here: the development machine is often very busy
 
 
@@ -402,17 +404,19 @@ KILLED = NODES - 1
 
 
 @pytest.mark.slow
-def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
-    """3 SuperNodes, 4 rounds: node 2's machine dies during round 2 (SIGKILL of its SuperNode and
+def test_a_node_killed_in_round_2_comes_back_before_the_run_ends(tmp_path):
+    """3 SuperNodes, 8 rounds: node 2's machine dies during round 2 (SIGKILL of its SuperNode and
     ClientApps: no goodbye) and is started again, with its key and data, once round 2's training is
     over. The run finishes (2 of 3 answers suffice with min-answered-fraction=0.6); the history shows
     round 2's failure, round 1's evaluation that node 2's round-2 message was to bring (one message a
-    round, the default) missing, not counted, and node 2 answering again in round 4."""
+    round, the default) missing, not counted, and node 2 answering again in the last round. Which round
+    it is back for depends on how fast the SuperLink lets its key in again and it restarts (issue 65
+    measures it): 4 rounds raced that and lost on a busy machine, so the run is long enough to wait."""
     # The fingerprints' log normalisation needs no secure sum before round 1: federated
     # normalisation's SecAgg+ stages (a ClientApp process per node for each) cost this test a minute
     # and a half, and the TLS deployment above runs them.
-    settings = [f"num-clusters={NODES}", "clients-per-cluster=1", "num-server-rounds=4", "local-epochs=1",
-                "batch-size=32", "min-answered-fraction=0.6", "normalisation=log", "verbose=false",
+    settings = [f"num-clusters={NODES}", "clients-per-cluster=1", f"num-server-rounds={REJOIN_ROUNDS}",
+                "local-epochs=1", "batch-size=32", "min-answered-fraction=0.6", "normalisation=log", "verbose=false",
                 f"results-dir={tmp_path / 'results'}"]  # fmt: skip
     config, overrides = prepare(settings)
     folder = run_folder(overrides)
@@ -434,14 +438,14 @@ def test_a_node_killed_in_round_2_comes_back_for_round_4(tmp_path):
     assert_nothing_left(tmp_path)
     assert run_status(folder) == "finished", run_log[-3000:]
     rows = history_rows(folder)
-    assert [row["round"] for row in rows] == ["1", "2", "3", "4"]
+    assert [row["round"] for row in rows] == [str(r) for r in range(1, REJOIN_ROUNDS + 1)]
     count = [{column: int(row[column]) for column in FAILURE_COLUMNS} for row in rows]
     everyone = {"clients_asked": NODES, "clients_answered": NODES, "clients_failed": 0, "clients_timed_out": 0}
     one_lost = {"clients_asked": NODES, "clients_answered": NODES - 1, "clients_failed": 1, "clients_timed_out": 0}
     # Round 1: every node trained, but the killed one never sent its evaluation (due with round 2's
     # fit); round 2: it never answered (an error reply once the SuperLink saw it gone).
     assert count[:2] == [one_lost, one_lost], count
-    assert count[3] == everyone, count  # back under its partition id
+    assert count[-1] == everyone, count  # back under its partition id
     events = json.loads((folder / "run.json").read_text())
     assert {(f["round"], f["stage"], f["partition-id"]) for f in events["failures"]} >= {
         (1, "evaluate", KILLED), (2, "fit", KILLED),
