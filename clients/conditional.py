@@ -49,7 +49,8 @@ class ConditionalClient(FedcondClient):
         clusters = tuple(client.cluster for client in scenario.clients)
         own = clusters[self.own_data.partition_id]
         partner_cluster = other_concept_cluster(own, scenario.num_clusters, config.scenario, config.covariate_clusters)
-        partner = mismatched_participant(clusters, config.num_training_clients, own, partner_cluster)
+        partner = mismatched_participant(clusters, config.num_training_clients, self.own_data.partition_id,
+                                         partner_cluster)  # fmt: skip
         return cached_client_data(config, partner)
 
     def raw_fingerprint(self) -> np.ndarray:

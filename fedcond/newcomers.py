@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedcond.config import Option
+from fedcond.errors import FedcondError
 
 NEWCOMER_STEPS = Option(
     "newcomer-steps",
@@ -46,7 +47,10 @@ def mismatched_participant(clusters: tuple[int, ...], num_training: int, newcome
     for partition in range(num_training):
         if clusters[partition] == partner_cluster:
             return partition
-    raise ValueError(f"no training client in cluster {partner_cluster} for newcomer {newcomer}")
+    raise FedcondError(
+        f"newcomer-fingerprint=other-concept: no training client in cluster {partner_cluster} for newcomer "
+        f"{newcomer}; give every cluster clients-per-cluster=1 or more"
+    )
 
 
 def other_concept_cluster(cluster: int, num_clusters: int, scenario: str, covariate_clusters: int) -> int:
