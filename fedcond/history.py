@@ -465,16 +465,19 @@ def error_line(error: BaseException) -> str:
     return " ".join(text.split()) or type(error).__name__
 
 
-def mark_failed(folder: Path, reason: str) -> None:
-    """Record ``reason`` as the failure of the run in ``folder`` when nothing else did: its run.json
-    says ``running`` (it stopped without saying why) or is missing (it stopped before writing one)."""
+def mark_failed(folder: Path, reason: str, status: str = "failed") -> None:
+    """Record ``reason`` as the end of the run in ``folder`` (``status``: ``failed``, or
+    ``STOPPED_STATUS`` for a stop from outside) when nothing else did: its run.json says ``running``
+    (it stopped without saying why) or is missing (it stopped before writing one)."""
     try:
         info = json.loads((folder / "run.json").read_text())
     except (OSError, ValueError):
         info = {}
     if info.get("status") in ("finished", "failed", STOPPED_STATUS):
         return
-    info.update(status="failed", error=reason)
+    info.update(status=status, error=reason)
+    if status == STOPPED_STATUS:
+        info.update(stopped=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     folder.mkdir(parents=True, exist_ok=True)
     write_run_info(folder, info)
 

@@ -27,7 +27,15 @@ from fedcond.checkpoint import load_checkpoint, resume_folder, resumption_note, 
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
-from fedcond.history import RunRecorder, error_line, failures_recorded, mark_failed, open_run, reopen_run
+from fedcond.history import (
+    STOPPED_STATUS,
+    RunRecorder,
+    error_line,
+    failures_recorded,
+    mark_failed,
+    open_run,
+    reopen_run,
+)
 from fedcond.model_store import CLIENT_STATE_DIR, remove_run_state
 from fedcond.scenarios import scenario_for
 from strategies import client_dp
@@ -47,7 +55,8 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
     with served_run(config, grid) as (server, _, rounds_left):
         # `flwr stop` ends the run through Flower's exit handlers (its heartbeat raises SIGINT in the
         # ServerApp's process, deployed or `flwr run`'s simulation), with no exception here to record.
-        add_exit_handler(functools.partial(mark_failed, server.recorder.folder, stopped_reason(server.recorder.folder)))
+        folder = server.recorder.folder
+        add_exit_handler(functools.partial(mark_failed, folder, stopped_reason(folder), STOPPED_STATUS))
         # Flower gives every fit and evaluate message round_timeout as its lifetime (TTL).
         server_config = ServerConfig(num_rounds=rounds_left, round_timeout=message_timeout(config))
         try:

@@ -20,18 +20,19 @@ import numpy as np
 import psutil
 import pytest
 from flwr.common import Context, RecordDict
+from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
 from clients.app import build_client, node_data
 from fedcond.client_data import export_partitions, load_client_data, load_partition_file
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.fingerprint import eigen_fingerprint
-from fedcond.history import run_status
 from fedcond.tools.certificates import CERTIFICATE_SCRIPT, generate_certificates, generate_node_keys
 from fedcond.tools.cli import main
 from fedcond.tools.deploy import (
     CONNECTION,
     RESERVED_PORTS,
+    START_TIMEOUT,
     LocalDeployment,
     free_ports,
     superlink_command,
@@ -292,8 +293,10 @@ def test_ctrl_c_stops_every_process_deploy_local_started(tmp_path):
         for line in deployment.stdout:  # wait until the SuperNodes exist: the launcher printed the results folder
             if line.startswith("fedcond: results will be in"):
                 break
-        time.sleep(2)
-        assert len(processes_under(tmp_path)) >= 4  # launcher, SuperLink, its SuperExec, SuperNodes
+        deadline = time.monotonic() + START_TIMEOUT  # launcher, SuperLink, its SuperExec, SuperNodes
+        while len(processes_under(tmp_path)) < 4:
+            assert time.monotonic() < deadline, f"only {processes_under(tmp_path)} started"
+            time.sleep(0.2)
         deployment.send_signal(signal.SIGINT)
         output, _ = deployment.communicate(timeout=60)
     finally:
@@ -393,9 +396,13 @@ def wait_for_rounds(folder: Path, rounds: int, submitter: subprocess.Popen[bytes
 
 # history.csv's accounting of each round (the failure policy, docs/deployment.md "Failures and time limits").
 FAILURE_COLUMNS = ("clients_asked", "clients_answered", "clients_failed", "clients_timed_out")
-#: The rounds of the rejoin test: enough for a restarted node to be back before the last one.
-REJOIN_ROUNDS = 8
+#: The rejoin run's length: a ceiling only. The test stops the run once the restarted node has
+#: answered a round, so how fast it rejoins decides when the test ends, never whether it passes.
+REJOIN_CEILING_ROUNDS = 60
 ROUND_WAIT = 1200.0  # seconds a deployed round may take here: the development machine is often very busy
+# Flower 1.42 has no setting for a SuperNode's heartbeat (flwr.common.constant: every 30 s, and a node
+# silent for two of them is offline): the waits below are that long, plus the time to start a node.
+HEARTBEAT_SILENCE = HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL
 
 
 # The node-killed deployment: NODES SuperNodes, the last one's machine dies in round 2.
@@ -403,55 +410,89 @@ NODES = 3
 KILLED = NODES - 1
 
 
+def rejoined_round(folder: Path) -> int | None:
+    """The round in which the server took the killed node back (run.json's membership, written as it happens)."""
+    try:
+        events = json.loads((folder / "run.json").read_text())["membership"]
+    except (OSError, ValueError, KeyError):
+        return None  # not written yet, or caught mid-write
+    joined = [e["round"] for e in events if e["partition-id"] == KILLED and e["event"] == "joined" and e["round"] > 2]
+    return joined[0] if joined else None
+
+
+def stop_run(deployment: LocalDeployment) -> None:
+    """``flwr stop`` of the deployment's one run, as an operator stops a run that needs no more rounds."""
+    (run,) = deployment.flwr_answer(deployment.flwr_process(["list", CONNECTION]), "list")["runs"]
+    deployment.flwr_answer(deployment.flwr_process(["stop", str(run["run-id"]), CONNECTION]), "stop")
+
+
 @pytest.mark.slow
-def test_a_node_killed_in_round_2_comes_back_before_the_run_ends(tmp_path):
-    """3 SuperNodes, 8 rounds: node 2's machine dies during round 2 (SIGKILL of its SuperNode and
-    ClientApps: no goodbye) and is started again, with its key and data, once round 2's training is
-    over. The run finishes (2 of 3 answers suffice with min-answered-fraction=0.6); the history shows
-    round 2's failure, round 1's evaluation that node 2's round-2 message was to bring (one message a
-    round, the default) missing, not counted, and node 2 answering again in the last round. Which round
-    it is back for depends on how fast the SuperLink lets its key in again and it restarts (issue 65
-    measures it): 4 rounds raced that and lost on a busy machine, so the run is long enough to wait."""
+def test_a_node_killed_in_round_2_comes_back_under_its_partition_id(tmp_path):
+    """3 SuperNodes: node 2's machine dies during round 2 (SIGKILL of its SuperNode and ClientApps: no
+    goodbye) and is started again, with its key and data, once Flower has noticed it gone. The run goes
+    on with 2 of 3 answers (min-answered-fraction=0.6); the history shows round 2's failure, round 1's
+    evaluation that node 2's round-2 message was to bring (one message a round, the default) missing, not
+    counted, and node 2 answering again under its partition id and node id. Each step waits for its
+    event (round 1 saved, Flower noticing, the node online, a round counting it), and the run is then
+    stopped: the test prints how long each step took (docs/deployment.md cites it)."""
     # The fingerprints' log normalisation needs no secure sum before round 1: federated
     # normalisation's SecAgg+ stages (a ClientApp process per node for each) cost this test a minute
     # and a half, and the TLS deployment above runs them.
-    settings = [f"num-clusters={NODES}", "clients-per-cluster=1", f"num-server-rounds={REJOIN_ROUNDS}",
+    settings = [f"num-clusters={NODES}", "clients-per-cluster=1", f"num-server-rounds={REJOIN_CEILING_ROUNDS}",
                 "local-epochs=1", "batch-size=32", "min-answered-fraction=0.6", "normalisation=log", "verbose=false",
                 f"results-dir={tmp_path / 'results'}"]  # fmt: skip
     config, overrides = prepare(settings)
     folder = run_folder(overrides)
+    step_wait = HEARTBEAT_SILENCE + ROUND_WAIT
     with LocalDeployment(tmp_path / "deployment") as deployment:
         deployment.start(config, nodes=NODES)
         node_id = deployment.nodes[KILLED].node_id
         submitter = deployment.submit(app_directory(), overrides, log_as="flwr-run")
         # Round 1's checkpoint is saved as it ends (its row waits for round 2's replies): round 2 is under way.
         wait_for(lambda: (folder / "checkpoint.pt").exists(), submitter, ROUND_WAIT, "round 1 did not end")
+        killed = time.monotonic()
         deployment.kill_node(KILLED)
-        # Round 2's training ends once Flower has noticed the node gone (two missed heartbeats, about
-        # a minute); its replies complete round 1's row.
-        wait_for_rounds(folder, 1, submitter, ROUND_WAIT)
-        # Round 3 asks its clients at once: the node misses it, and is back for round 4 (a new process).
-        deployment.restart_node(KILLED)
-        assert submitter.wait(timeout=3 * ROUND_WAIT) == 0
+        # Round 2's training ends once Flower has noticed the node gone (two missed heartbeats); its
+        # replies complete round 1's row.
+        wait_for_rounds(folder, 1, submitter, step_wait)
+        noticed = time.monotonic()
+        deployment.restart_node(KILLED)  # once the SuperLink lists the node offline (it refuses its key till then)
+        restarted = time.monotonic()
+        wait_for(lambda: deployment.node_statuses().get(node_id) == "online", submitter, step_wait, "not online")
+        online = time.monotonic()
+        wait_for(lambda: rejoined_round(folder) is not None, submitter, step_wait, "the server never took it back")
+        taken_back = time.monotonic()
+        back = lambda: any(int(row["clients_answered"]) == NODES for row in history_rows(folder)[2:])  # noqa: E731
+        wait_for(back, submitter, step_wait, "no round counted the restarted node")
+        answered = time.monotonic()
+        stop_run(deployment)
+        submitter.wait(timeout=ROUND_WAIT)
         statuses = deployment.node_statuses()
         run_log = deployment.processes.log_path("flwr-run").read_text()
     assert_nothing_left(tmp_path)
-    assert run_status(folder) == "finished", run_log[-3000:]
     rows = history_rows(folder)
-    assert [row["round"] for row in rows] == [str(r) for r in range(1, REJOIN_ROUNDS + 1)]
+    assert 3 <= len(rows) < REJOIN_CEILING_ROUNDS, run_log[-3000:]
+    assert [row["round"] for row in rows] == [str(r) for r in range(1, len(rows) + 1)]
     count = [{column: int(row[column]) for column in FAILURE_COLUMNS} for row in rows]
     everyone = {"clients_asked": NODES, "clients_answered": NODES, "clients_failed": 0, "clients_timed_out": 0}
     one_lost = {"clients_asked": NODES, "clients_answered": NODES - 1, "clients_failed": 1, "clients_timed_out": 0}
     # Round 1: every node trained, but the killed one never sent its evaluation (due with round 2's
-    # fit); round 2: it never answered (an error reply once the SuperLink saw it gone).
+    # fit); round 2: it never answered (an error reply once the SuperLink saw it gone); rounds after
+    # it lose it until it is back, then count it again.
     assert count[:2] == [one_lost, one_lost], count
-    assert count[-1] == everyone, count  # back under its partition id
+    returned = next(index for index, row in enumerate(count) if index >= 2 and row == everyone)
+    assert count[2:returned] == [one_lost] * (returned - 2) and count[returned] == everyone, count
     events = json.loads((folder / "run.json").read_text())
+    assert events["status"] == "stopped" and "stopped before it finished" in events["error"], events["error"]
     assert {(f["round"], f["stage"], f["partition-id"]) for f in events["failures"]} >= {
         (1, "evaluate", KILLED), (2, "fit", KILLED),
     }  # fmt: skip
     assert [e["event"] for e in events["membership"] if e["partition-id"] == KILLED][-1] == "joined"
     assert statuses[node_id] == "online"  # the same node id: it belongs to the registered key
+    print(f"rejoin: Flower noticed the killed node after {noticed - killed:.0f} s; it was let in again "
+          f"{restarted - noticed:.0f} s later; online {online - restarted:.0f} s after its start; taken back "
+          f"in round {rejoined_round(folder)} {taken_back - online:.0f} s after that; its answers complete round "
+          f"{returned + 1}'s row {answered - taken_back:.0f} s later")  # fmt: skip
 
 
 @pytest.mark.slow
