@@ -601,7 +601,9 @@ def test_the_fleet_only_proxy_of_the_docs_carries_a_whole_run_and_nothing_else(t
 
     from fedcond.tools.deploy import fleet_proxy_server
 
-    config = RunConfig(num_clusters=1, clients_per_cluster=2, num_server_rounds=1)
+    # Log normalisation: the fingerprints' secure sum (a ClientApp process per node for each SecAgg+
+    # stage) is the TLS deployment's to test; this one tests the path the proxy gives the nodes.
+    config = RunConfig(num_clusters=1, clients_per_cluster=2, num_server_rounds=1, normalisation="log")
     with LocalDeployment(tmp_path / "deployment", keys_folder=tmp_path / "keys") as deployment:
         deployment.start(config, nodes=2, start_nodes=False)
         (proxy_port,) = free_ports(1)
@@ -627,7 +629,8 @@ def test_the_fleet_only_proxy_of_the_docs_carries_a_whole_run_and_nothing_else(t
             command = supernode_command(proxy_port, node.port, node.node_config, deployment.certificates,
                                         node.key.private)  # fmt: skip
             deployment.processes.start(node.name, command, deployment.workdir)
-        results = {"num-clusters": 1, "clients-per-cluster": 2, "num-server-rounds": 1, "results-dir": str(tmp_path)}
+        results = {"num-clusters": 1, "clients-per-cluster": 2, "num-server-rounds": 1, "normalisation": "log",
+                   "results-dir": str(tmp_path)}  # fmt: skip
         assert deployment.submit(app_directory(), results, log_as="flwr-run").wait(timeout=300) == 0
         (run,) = (tmp_path).glob("conditional-*")
         assert json.loads((run / "run.json").read_text())["status"] == "finished"

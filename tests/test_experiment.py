@@ -17,7 +17,6 @@ from fedcond.history import RoundRecord, RunRecorder, results_folder, run_status
 from fedcond.tools.cli import default_config, main
 from fedcond.tools.experiment import (
     METRIC_COLUMNS,
-    STOPPED,
     Experiment,
     TableSpec,
     experiment_lock,
@@ -682,52 +681,3 @@ def test_the_time_left_counts_rounds_at_their_own_length_and_drops_a_failed_runs
     assert lines[0].endswith("round 1/10 accuracy 0.5000 | about 2 min left")  # 19 rounds of 5 s: 95 s
     assert "[2/2] method-fedavg_seed-1: round 1/10 accuracy 0.5000 | about 45 s left" in lines[2]
     assert lines[-1].endswith("round 10/10 accuracy 0.5000 | about 0 s left")
-
-
-@pytest.mark.slow
-def test_sigterm_while_ray_starts_stops_the_compare_cleanly_and_the_same_command_resumes(tmp_path):
-    import signal
-    import time
-
-    import psutil
-
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "fedcond.tools.cli", "compare", "--dataset", "digits", "--methods", "fedavg",
-               "--out", str(out), "num-clusters=2", "clients-per-cluster=2", "num-server-rounds=2"]  # fmt: skip
-    # Every process the compare starts (Ray's included) inherits this, so that none is left behind unseen.
-    mark = {"FEDCOND_TEST_SIGTERM": str(tmp_path)}
-    environment = {**os.environ, **mark, "FLWR_HOME": str(tmp_path / "flwr")}
-    compare = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    flower_log = out / "runs" / ".method-fedavg_seed-0.flower.log"  # opened just before Ray starts
-    deadline = time.monotonic() + 120
-    while not flower_log.exists() and compare.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)
-    compare.send_signal(signal.SIGTERM)
-    try:
-        _, stderr = compare.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        compare.kill()
-        pytest.fail("the compare did not stop within 90 s of SIGTERM")
-    assert compare.returncode == 143, stderr[-2000:]
-    assert "fedcond: stopped (Ctrl+C or SIGTERM)" in stderr and "run the same command again" in stderr
-
-    def left_behind() -> list[str]:
-        found = []
-        for process in psutil.process_iter(["environ", "name"], ad_value=None):
-            if (process.info["environ"] or {}).get("FEDCOND_TEST_SIGTERM") == str(tmp_path):
-                with_status = process.status() if process.is_running() else psutil.STATUS_DEAD
-                if with_status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-                    found.append(process.info["name"])
-        return found
-
-    deadline = time.monotonic() + 20
-    while left_behind() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert left_behind() == []
-    run = out / "runs" / "method-fedavg_seed-0"
-    if run.exists():
-        assert run_status(run) == STOPPED
-    finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
-    assert finished.returncode == 0, finished.stderr[-2000:]
-    assert run_status(run) == "finished"

@@ -3,9 +3,10 @@ SIGTERM stops a compare without recording the round under way, leaves no process
 run.json, and the same command resumes to the uninterrupted history (``fedcond.stopping``).
 
 The slow test starts a small digits compare of two methods (``tests/interrupted_compare.py``) in a
-session of its own and signals its process group at three moments, each reached deterministically:
-while Ray starts, mid-round (a worker dies by the signal before the compare handles it), and while a
-checkpoint is written; the unit tests check the rule itself in this process.
+session of its own and stops it at three moments, each reached deterministically: while Ray starts
+(SIGTERM to the compare alone, as ``kill`` sends it), mid-round (Ctrl+C to the group; a worker dies
+by the signal before the compare handles it), and while a checkpoint is written (Ctrl+C); the unit
+tests check the rule itself in this process.
 """
 
 from __future__ import annotations
@@ -214,26 +215,34 @@ def left_behind(out: Path, group: int) -> list[str]:
     return found
 
 
-def interrupt(tmp_path: Path, out: Path, moment: str, pause_run: str = "") -> str:
-    """Run the compare to ``moment``, send SIGINT to its whole process group there (a terminal's
-    Ctrl+C), and check how it ends: 130 with its one line, nothing left within 30 s, no run.json
-    ``running``; its output."""
+#: How a stop reaches a compare: a terminal's Ctrl+C (SIGINT to its whole process group, Ray's
+#: processes included), or ``kill`` / a scheduler (SIGTERM to its process alone); the exit status of each.
+CTRL_C, KILL = "ctrl-c", "kill"
+EXIT_STATUS = {CTRL_C: 130, KILL: 143}
+
+
+def interrupt(tmp_path: Path, out: Path, moment: str, pause_run: str = "", how: str = CTRL_C) -> str:
+    """Run the compare to ``moment``, stop it there (``how``), and check how it ends: its exit status
+    with its one line, nothing left within 30 s, no run.json ``running``; its output."""
     process = compare(tmp_path, out, moment, pause_run)
     paused = tmp_path / "pauses" / moment
     deadline = time.monotonic() + 300
     while not paused.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert paused.exists(), f"{moment} never reached:\n{output(tmp_path, out, moment)[-3000:]}"
-    os.killpg(process.pid, signal.SIGINT)
+    if how == CTRL_C:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGTERM)
     (tmp_path / "pauses" / SIGNALLED).touch()
     try:
         returncode = process.wait(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail(f"{moment}: the compare did not stop within 120 s of Ctrl+C")
+        pytest.fail(f"{moment}: the compare did not stop within 120 s of its {how}")
     (tmp_path / "pauses" / SIGNALLED).unlink()
     text = output(tmp_path, out, moment)
-    assert returncode == 130, f"{moment}: exit {returncode}\n{text[-3000:]}"
+    assert returncode == EXIT_STATUS[how], f"{moment}: exit {returncode}\n{text[-3000:]}"
     assert "fedcond: stopped (Ctrl+C or SIGTERM)" in text and "run the same command again" in text
     deadline = time.monotonic() + 30
     while left_behind(out, process.pid) and time.monotonic() < deadline:
@@ -255,13 +264,14 @@ def failures(folder: Path) -> list[object]:
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_ctrl_c_while_ray_starts_mid_round_and_while_a_checkpoint_is_written_records_nothing_and_resumes(tmp_path):
+def test_a_stop_while_ray_starts_mid_round_and_while_a_checkpoint_is_written_records_nothing_and_resumes(tmp_path):
     straight, out = tmp_path / "straight", tmp_path / "out"
     uninterrupted = compare(tmp_path, straight)  # the history to resume to, meanwhile
     first, second = (out / "runs" / run for run in RUNS)
 
-    # 1. While Ray starts (its GCS up, its raylet not yet): nothing ran, nothing is left.
-    interrupt(tmp_path, out, "ray-start")
+    # 1. While Ray starts (its GCS up, its raylet not yet), by SIGTERM to the compare alone (as `kill`
+    # or a scheduler sends it): nothing ran, nothing is left, Ray's processes included.
+    interrupt(tmp_path, out, "ray-start", how=KILL)
     assert run_status(first) == STOPPED and not (first / CHECKPOINT_FILE).exists()
     assert not second.exists()
 
