@@ -31,11 +31,13 @@ from fedcond.tools.certificates import CERTIFICATE_SCRIPT, generate_certificates
 from fedcond.tools.cli import main
 from fedcond.tools.deploy import (
     CONNECTION,
+    LOOPBACK,
     RESERVED_PORTS,
     LocalDeployment,
     free_ports,
     superlink_command,
     supernode_command,
+    wait_until_listening,
 )
 from fedcond.tools.flwr_commands import app_directory, executable, flower_environment, prepare, run_folder
 from fedcond.tools.processes import Processes, alive, descendants
@@ -545,6 +547,35 @@ def test_fedcond_supernode_says_it_cannot_reach_the_superlink_and_its_pid_stops_
         log.close()
         if wrapper.poll() is None:
             os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_fedcond_supernode_names_the_ca_file_that_did_not_sign_the_superlinks_certificate(tmp_path):
+    """A node given the ca.crt of another CA (another run of the certificate script: the same name,
+    CN=fedcond-ca, another key) against a real TLS SuperLink: Flower says a TLS handshake failed and
+    exits; fedcond dials the SuperLink itself and names that file and the certificate presented."""
+    certificates = generate_certificates(LOOPBACK, tmp_path / "certificates")
+    stranger = generate_certificates(LOOPBACK, tmp_path / "another-ca")
+    superlink_port, node_port = free_ports(2)
+    (tmp_path / "logs").mkdir()
+    processes = Processes(flower_environment(FLWR_HOME=str(tmp_path / "flwr-home")), tmp_path / "logs")
+    try:
+        superlink = processes.start("superlink", superlink_command(superlink_port, certificates), tmp_path)
+        wait_until_listening(superlink_port, superlink, processes.log_path("superlink"))
+        node = supernode_command(superlink_port, node_port, {"partition-id": 0, "num-partitions": 1}, stranger)
+        wrapper = processes.start("supernode", [executable("fedcond"), "supernode", *node[1:]], tmp_path)
+        assert wrapper.wait(timeout=180) != 0  # Flower gives up at once on a failed TLS handshake
+        log = processes.log_path("supernode").read_text()
+    finally:
+        processes.stop_all()  # by PID: the SuperLink, the wrapper and whatever they started
+    assert_nothing_left(tmp_path)
+    (line,) = [line for line in log.splitlines() if line.startswith("fedcond: ")]  # one line, and no other hint
+    assert line.startswith(
+        f"fedcond: the SuperLink at {LOOPBACK}:{superlink_port} answers, but its certificate (issued by CN=fedcond-ca, "
+        f"naming IP:127.0.0.1, DNS:localhost) is not signed by --root-certificates {stranger.ca}, which holds another "
+        "CA of that name (another key: made by another run of the script) ("
+    ), log[-3000:]
+    assert line.endswith("give this node the ca.crt that signed the SuperLink's (or its proxy's) server.pem")
 
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").is_file() else None)
