@@ -439,6 +439,9 @@ def test_a_node_killed_in_round_2_comes_back_before_the_run_ends(tmp_path):
         run_log = deployment.processes.log_path("flwr-run").read_text()
     assert_nothing_left(tmp_path)
     assert run_status(folder) == "finished", run_log[-3000:]
+    # Said as the SuperLink gave up on it (verbose=false: the round's counts are printed nowhere).
+    silent = f"fedcond: round 2: partition {KILLED} (node {node_id}) stopped sending heartbeats: the SuperLink gave up"
+    assert silent in run_log, run_log[-3000:]
     rows = history_rows(folder)
     assert [row["round"] for row in rows] == [str(r) for r in range(1, REJOIN_ROUNDS + 1)]
     count = [{column: int(row[column]) for column in FAILURE_COLUMNS} for row in rows]
