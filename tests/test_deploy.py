@@ -502,6 +502,23 @@ def test_a_run_the_server_stops_says_why_in_the_submitting_terminal_at_once(tmp_
     assert_nothing_left(tmp_path)
 
 
+def test_submit_says_in_one_line_why_flwr_list_could_not_tell_how_a_run_ended(tmp_path):
+    """``flwr list --format json`` answers a failure with a JSON object of its own (and exit status 0):
+    fedcond submit's last line is its message, never the JSON blob."""
+    from fedcond.tools.submit import run_status
+
+    environment = flower_environment(FLWR_HOME=str(tmp_path / "flwr-home"))  # a home with no such connection
+    with pytest.raises(FedcondError) as error:
+        run_status("no-such-connection", "42", environment)
+    assert str(error.value) == (
+        "flwr list could not say how run 42 ended (An unexpected error occurred while reading the Flower "
+        f"configuration file ({tmp_path / 'flwr-home' / 'config.toml'}). SuperLink connection 'no-such-connection' "
+        "not found in the Flower configuration file "
+        f"({tmp_path / 'flwr-home' / 'config.toml'}).); flwr list no-such-connection --run-id 42 shows it once "
+        "that is fixed"
+    )
+
+
 @pytest.mark.parametrize(
     ("node_config", "message"),
     [
