@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from fedcond.errors import FedcondError
+from fedcond.tools.flwr_commands import OFFLINE_ENVIRONMENT
 from fedcond.tools.processes import STOP_GRACE
 
 #: Written into a run's folder by ``fedcond run``: which SuperLink served it and how to stop it.
@@ -84,11 +85,8 @@ def find(home: Path) -> psutil.Process | None:
 
 
 #: Variables of the environment that change what a local SuperLink's runs do: which fedcond checkout
-#: its processes import (PYTHONPATH) and Flower's offline settings (fedcond.tools.flwr_commands).
-ENVIRONMENT_VARIABLES = (
-    "PYTHONPATH", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "FLWR_TELEMETRY_ENABLED",
-    "FLWR_DISABLE_UPDATE_CHECK", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
-)  # fmt: skip
+#: its processes import (PYTHONPATH) and the offline settings fedcond gives Flower.
+ENVIRONMENT_VARIABLES = ("PYTHONPATH", *OFFLINE_ENVIRONMENT)
 #: The installed distributions whose code a running SuperLink holds from the moment it started.
 DISTRIBUTIONS = ("flwr", "fedcond")
 
