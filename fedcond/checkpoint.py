@@ -31,7 +31,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,19 +158,48 @@ def recorded_settings(folder: Path, info: Mapping[str, Any]) -> dict[str, Any]:
     return mapping
 
 
-def contradictions(config: RunConfig, recorded: Mapping[str, Any]) -> list[str]:
-    """``key=value (recorded value)`` for every setting of ``config`` a resume may not change.
+def contradictions(config: RunConfig, recorded: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Every setting of ``config`` a resume may not change and that differs from the record, as
+    key -> (its value in ``config``, the recorded value), by key.
 
     ``run.json`` records resolved settings (dataset defaults filled in), so ``config`` is compared
     resolved; a key it lacks (a setting newer than the run) is not compared.
     """
     wanted = config.resolved().to_mapping()
     recorded = canonical_record(recorded)
-    return [
-        f"{key}={json.dumps(wanted[key])} (recorded {json.dumps(recorded[key])})"
+    return {
+        key: (wanted[key], recorded[key])
         for key in sorted(wanted)
         if key not in FREE_ON_RESUME and key in recorded and wanted[key] != recorded[key]
-    ]
+    }
+
+
+def resume_refusal(folder: Path, differing: Mapping[str, tuple[Any, Any]], given: Collection[str] | None) -> str:
+    """The one line refusing a resume whose settings differ from the record: the settings given with
+    other values (they may not change), those left out whose defaults differ from the record, and
+    every one of them as ``key=value`` to repeat.
+
+    ``given``: the keys the user gave (None: unknown). Where a resume's settings come from matters:
+    ``fedcond run resume=FOLDER`` fills every key it is not given from the record, so only given
+    keys can differ; ``flwr run`` and ``fedcond submit`` fill them from the app's defaults
+    (pyproject.toml), so a recorded value that is not the default must be given again, and "leave it
+    out" would be wrong advice there. Giving the recorded value is right on every path.
+    """
+
+    def values(keys: list[str], side: str) -> str:
+        return ", ".join(
+            f"{key} ({side} {json.dumps(differing[key][0])}, recorded {json.dumps(differing[key][1])})" for key in keys
+        )
+
+    changed = [key for key in differing if given is None or key in given]
+    defaulted = [key for key in differing if key not in changed]
+    parts = ["a resumed run keeps its recorded settings"]
+    if changed:
+        parts.append(f"these may not change: {values(changed, 'given' if given is not None else 'here')}")
+    if defaulted:
+        parts.append(f"these were left out, so the app's defaults were taken: {values(defaulted, 'default')}")
+    repeat = " ".join(f"{key}={json.dumps(recorded)}" for key, (_, recorded) in differing.items())
+    return f"resume={folder}: {'; '.join(parts)}; give them as recorded: {repeat}"
 
 
 def resume_settings(folder: Path, overrides: Mapping[str, Any], declared: Sequence[Option]) -> RunConfig:
@@ -187,18 +216,16 @@ def resume_settings(folder: Path, overrides: Mapping[str, Any], declared: Sequen
         raise FedcondError(f"resume={folder}: {error}") from None
 
 
-def check_resume(config: RunConfig) -> Checkpoint:
-    """Every check of ``resume=`` before anything starts; returns the checkpoint to continue from."""
+def check_resume(config: RunConfig, given: Collection[str] | None = None) -> Checkpoint:
+    """Every check of ``resume=`` before anything starts; returns the checkpoint to continue from.
+    ``given``: the settings the user gave, the rest being defaults (None: unknown), for the advice."""
     folder = resume_folder(config)
     if folder is None:
         raise FedcondError("resume is empty; give resume=<run folder>")
     info = run_info(folder)
     differing = contradictions(config, recorded_settings(folder, info))
     if differing:
-        raise FedcondError(
-            f"resume={folder}: a resumed run keeps its recorded settings, but these differ: {', '.join(differing)}; "
-            "give the recorded values or leave them out (fedcond run resume=FOLDER passes them for you)"
-        )
+        raise FedcondError(resume_refusal(folder, differing, given))
     if config.run_name and results_base(config) / config.run_name != folder:
         raise FedcondError(
             f"resume={folder}: a resumed run stays in its folder; leave out results-dir and run-name "
@@ -225,6 +252,22 @@ def check_resume(config: RunConfig) -> Checkpoint:
             "finished; give a larger num-server-rounds or leave it out"
         )
     return checkpoint
+
+
+def check_resumed_rounds(config: RunConfig, given: Collection[str]) -> None:
+    """A resume through ``flwr run`` (or ``fedcond submit``) must say how many rounds the run has:
+    Flower fills a key it is not given from pyproject.toml (10 rounds), which would silently extend a
+    shorter run, and the clients read the count from the same run config. ``given``: the keys of
+    ``--run-config`` (Flower's ``override_config``); ``fedcond run resume=`` passes every recorded
+    setting."""
+    folder = resume_folder(config)
+    if folder is None or "num-server-rounds" in given:
+        return
+    recorded = run_info(folder).get("config", {}).get("num-server-rounds")
+    raise FedcondError(
+        f"resume={folder}: give num-server-rounds in --run-config (the run recorded {recorded}: that many finishes "
+        f"it, more extends it); left out, pyproject.toml's {config.num_server_rounds} would be taken"
+    )
 
 
 def resumption_note(checkpoint: Checkpoint, info: Mapping[str, Any], restarted_on_clients: str = "") -> dict[str, Any]:

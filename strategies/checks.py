@@ -8,6 +8,8 @@ other (and, with ``resume``, the run it continues), and is the one place every e
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from fedcond import privacy, secagg_settings
 from fedcond.checkpoint import check_resume, resume_folder
 from fedcond.config import RunConfig
@@ -31,7 +33,12 @@ from strategies.registry import (
 from strategies.sampling import check_sampling
 
 
-def check_run(config: RunConfig, load_data: bool = False, compared_options: frozenset[str] = frozenset()) -> Method:
+def check_run(
+    config: RunConfig,
+    load_data: bool = False,
+    compared_options: frozenset[str] = frozenset(),
+    given: Collection[str] | None = None,
+) -> Method:
     """Every check a run has before anything starts; returns its method.
 
     ``RunConfig`` has already checked each value on its own; this checks how they fit together
@@ -41,6 +48,8 @@ def check_run(config: RunConfig, load_data: bool = False, compared_options: froz
 
     ``shared_options``: method settings a comparison gives every run, for the methods among it that
     read them (``ifca-models`` in a compare of IFCA beside FedAvg); another method's run ignores them.
+    ``given``: the settings the user gave, the others being defaults (None: unknown), which a refused
+    resume's advice tells apart.
     """
     validate_without_data(config)
     method = get_method(config.method)
@@ -70,7 +79,7 @@ def check_run(config: RunConfig, load_data: bool = False, compared_options: froz
     secure = secagg_settings.SecureAggregation.of(config)
     check_sampling(config, secure.min_clients if secure.model_updates else None)
     if resume_folder(config) is not None:
-        check_resume(config)
+        check_resume(config, given)
     if load_data:
         scenario_for(config)
     check_secure_aggregation(config, method)  # after the data: too many clients for the data says so first

@@ -36,9 +36,19 @@ from fedcond.errors import FedcondError
 from fedcond.history import RunRecorder
 from fedcond.messages import PARTITION_ID, STEP, STEP_IDENTITY
 from fedcond.participation import RoundParticipation
-from strategies.federation import ask_all, ask_each, classify_failure, raised_by_client
+from strategies.federation import NODE_UNAVAILABLE, ask_all, ask_each, classify_failure, raised_by_client
 
 NODE_CONFIG_FIX = "give each SuperNode its own --node-config partition-id=..."
+
+
+def silent_node_line(server_round: int, partition_id: int, node_id: str, stage: str) -> str:
+    """What the ServerApp says the moment Flower answers a message with "Node Unavailable": the node
+    stopped sending heartbeats (its machine or SuperNode died without a goodbye)."""
+    return (
+        f"round {server_round}: partition {partition_id} (node {node_id}) stopped sending heartbeats: the SuperLink "
+        f"gave up on it, so its {stage} failed (node left); the run goes on while min-answered-fraction allows, and "
+        f"the node rejoins when its SuperNode starts again with its key and --node-config partition-id={partition_id}"
+    )
 
 
 class PartitionProxy(ClientProxy):
@@ -70,6 +80,11 @@ class PartitionProxy(ClientProxy):
                 # Its worker died or its message went unanswered: perhaps a stop's doing, seen first.
                 stopping.settled(f"round {self.participation.round}: partition {self.partition_id}'s failure")
             outcome, reason = classify_failure(error, time.monotonic() - started, timeout)
+            if NODE_UNAVAILABLE in str(error):
+                # The SuperLink gave up on the node after two missed heartbeats (about a minute of
+                # silence): said now, naming it, rather than only in the round's counts at its end.
+                print(f"fedcond: {silent_node_line(self.participation.round, self.partition_id, self.cid, self.stage)}",
+                      file=sys.stderr, flush=True)  # fmt: skip
             self.participation.fail(self.stage, self.partition_id, reason, outcome)
             raise
 

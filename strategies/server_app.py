@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator
 
 from flwr.common import Context
 from flwr.common.logger import FLOWER_LOGGER
@@ -23,7 +23,7 @@ from flwr.server.compat import start_grid
 from flwr.supercore.exit import add_exit_handler
 
 from fedcond import privacy, secagg_settings, stopping
-from fedcond.checkpoint import load_checkpoint, resume_folder, resumption_note, run_info
+from fedcond.checkpoint import check_resumed_rounds, load_checkpoint, resume_folder, resumption_note, run_info
 from fedcond.config import RunConfig
 from fedcond.encoder import load_encoder
 from fedcond.errors import FedcondError
@@ -46,13 +46,14 @@ from strategies.registry import federated, run_config
 from strategies.round_loop import CheckpointingServer
 
 
-def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
+def run_server(grid: Grid, config: RunConfig, given: Collection[str] | None = None) -> RunRecorder:
     """Everything the ServerApp does, given its settings; returns the run's recorder.
 
     With ``resume`` set, the run continues in that folder from its checkpoint (``check_run`` has
-    refused a resume that cannot be).
+    refused a resume that cannot be). ``given``: the settings ``--run-config`` gave, the others
+    being pyproject.toml's (None: unknown).
     """
-    with served_run(config, grid) as (server, _, rounds_left):
+    with served_run(config, grid, given) as (server, _, rounds_left):
         # `flwr stop` ends the run through Flower's exit handlers (its heartbeat raises SIGINT in the
         # ServerApp's process, deployed or `flwr run`'s simulation), with no exception here to record.
         folder = server.recorder.folder
@@ -68,13 +69,15 @@ def run_server(grid: Grid, config: RunConfig) -> RunRecorder:
 
 
 @contextlib.contextmanager
-def served_run(config: RunConfig, grid: Grid | None) -> Iterator[tuple[CheckpointingServer, FedcondStrategy, int]]:
+def served_run(
+    config: RunConfig, grid: Grid | None, given: Collection[str] | None = None
+) -> Iterator[tuple[CheckpointingServer, FedcondStrategy, int]]:
     """A run's checks, results folder (a new one, or the resumed one), round loop, the method's
     strategy (inside Flower's DP wrapper where client-dp asks for one) and the rounds left to run.
     The body runs them (the ServerApp through ``grid``; the in-process runner,
     ``fedcond.tools.in_process``, with ``grid`` None, through proxies it registers); the run is
     recorded as finished after it, or as failed with the body's error."""
-    method = check_run(config)
+    method = check_run(config, given=given)
     _, strategy_class = federated(method)
     config = config.resolved()
     scenario = scenario_for(config)
@@ -145,21 +148,6 @@ class _WithoutSkippedEvaluation(logging.Filter):
 FLOWER_LOGGER.addFilter(_WithoutSkippedEvaluation())
 
 
-def check_resumed_rounds(config: RunConfig, given: Mapping[str, object]) -> None:
-    """A resume through ``flwr run`` must say how many rounds the run has: Flower fills a key it is not
-    given from pyproject.toml (10 rounds), which would silently extend a shorter run, and the clients
-    read the count from the same run config. ``given``: the keys of ``--run-config`` (Flower's
-    ``override_config``); ``fedcond run resume=`` passes every recorded setting."""
-    folder = resume_folder(config)
-    if folder is None or "num-server-rounds" in given:
-        return
-    recorded = run_info(folder).get("config", {}).get("num-server-rounds")
-    raise FedcondError(
-        f"resume={folder}: give num-server-rounds in --run-config (the run recorded {recorded}: that many finishes "
-        f"it, more extends it); left out, pyproject.toml's {config.num_server_rounds} would be taken"
-    )
-
-
 def make_server_app(config: RunConfig | None = None) -> ServerApp:
     """A ServerApp reading its settings from the run config, or from ``config`` when given (tests)."""
     app = ServerApp()
@@ -167,11 +155,13 @@ def make_server_app(config: RunConfig | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            settings = config
+            settings, given = config, None
             if settings is None:  # from the run config Flower merged with pyproject.toml's defaults
                 settings = run_config(context.run_config)
-                check_resumed_rounds(settings, grid.run.override_config)
-            run_server(grid, settings)
+                # The keys `--run-config` gave: a refused resume's advice tells them from pyproject's.
+                given = grid.run.override_config.keys()
+                check_resumed_rounds(settings, given)
+            run_server(grid, settings, given)
         except stopping.Interrupted as interrupted:
             # A compare's or sweep's stop (Ctrl+C, SIGTERM): the round under way is dropped, the main
             # thread shuts the run down and says so in run.json (fedcond.history.mark_stopped).

@@ -31,12 +31,14 @@ from fedcond.tools.certificates import CERTIFICATE_SCRIPT, generate_certificates
 from fedcond.tools.cli import main
 from fedcond.tools.deploy import (
     CONNECTION,
+    LOOPBACK,
     RESERVED_PORTS,
     START_TIMEOUT,
     LocalDeployment,
     free_ports,
     superlink_command,
     supernode_command,
+    wait_until_listening,
 )
 from fedcond.tools.flwr_commands import app_directory, executable, flower_environment, prepare, run_folder
 from fedcond.tools.processes import Processes, alive, descendants
@@ -470,6 +472,9 @@ def test_a_node_killed_in_round_2_comes_back_under_its_partition_id(tmp_path):
         statuses = deployment.node_statuses()
         run_log = deployment.processes.log_path("flwr-run").read_text()
     assert_nothing_left(tmp_path)
+    # Said as the SuperLink gave up on it (verbose=false: the round's counts are printed nowhere).
+    silent = f"fedcond: round 2: partition {KILLED} (node {node_id}) stopped sending heartbeats: the SuperLink gave up"
+    assert silent in run_log, run_log[-3000:]
     rows = history_rows(folder)
     assert 3 <= len(rows) < REJOIN_CEILING_ROUNDS, run_log[-3000:]
     assert [row["round"] for row in rows] == [str(r) for r in range(1, len(rows) + 1)]
@@ -538,6 +543,23 @@ def test_a_run_the_server_stops_says_why_in_the_submitting_terminal_at_once(tmp_
     assert_nothing_left(tmp_path)
 
 
+def test_submit_says_in_one_line_why_flwr_list_could_not_tell_how_a_run_ended(tmp_path):
+    """``flwr list --format json`` answers a failure with a JSON object of its own (and exit status 0):
+    fedcond submit's last line is its message, never the JSON blob."""
+    from fedcond.tools.submit import run_status
+
+    environment = flower_environment(FLWR_HOME=str(tmp_path / "flwr-home"))  # a home with no such connection
+    with pytest.raises(FedcondError) as error:
+        run_status("no-such-connection", "42", environment)
+    assert str(error.value) == (
+        "flwr list could not say how run 42 ended (An unexpected error occurred while reading the Flower "
+        f"configuration file ({tmp_path / 'flwr-home' / 'config.toml'}). SuperLink connection 'no-such-connection' "
+        "not found in the Flower configuration file "
+        f"({tmp_path / 'flwr-home' / 'config.toml'}).); flwr list no-such-connection --run-id 42 shows it once "
+        "that is fixed"
+    )
+
+
 @pytest.mark.parametrize(
     ("node_config", "message"),
     [
@@ -586,6 +608,35 @@ def test_fedcond_supernode_says_it_cannot_reach_the_superlink_and_its_pid_stops_
         log.close()
         if wrapper.poll() is None:
             os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_fedcond_supernode_names_the_ca_file_that_did_not_sign_the_superlinks_certificate(tmp_path):
+    """A node given the ca.crt of another CA (another run of the certificate script: the same name,
+    CN=fedcond-ca, another key) against a real TLS SuperLink: Flower says a TLS handshake failed and
+    exits; fedcond dials the SuperLink itself and names that file and the certificate presented."""
+    certificates = generate_certificates(LOOPBACK, tmp_path / "certificates")
+    stranger = generate_certificates(LOOPBACK, tmp_path / "another-ca")
+    superlink_port, node_port = free_ports(2)
+    (tmp_path / "logs").mkdir()
+    processes = Processes(flower_environment(FLWR_HOME=str(tmp_path / "flwr-home")), tmp_path / "logs")
+    try:
+        superlink = processes.start("superlink", superlink_command(superlink_port, certificates), tmp_path)
+        wait_until_listening(superlink_port, superlink, processes.log_path("superlink"))
+        node = supernode_command(superlink_port, node_port, {"partition-id": 0, "num-partitions": 1}, stranger)
+        wrapper = processes.start("supernode", [executable("fedcond"), "supernode", *node[1:]], tmp_path)
+        assert wrapper.wait(timeout=180) != 0  # Flower gives up at once on a failed TLS handshake
+        log = processes.log_path("supernode").read_text()
+    finally:
+        processes.stop_all()  # by PID: the SuperLink, the wrapper and whatever they started
+    assert_nothing_left(tmp_path)
+    (line,) = [line for line in log.splitlines() if line.startswith("fedcond: ")]  # one line, and no other hint
+    assert line.startswith(
+        f"fedcond: the SuperLink at {LOOPBACK}:{superlink_port} answers, but its certificate (issued by CN=fedcond-ca, "
+        f"naming IP:127.0.0.1, DNS:localhost) is not signed by --root-certificates {stranger.ca}, which holds another "
+        "CA of that name (another key: made by another run of the script) ("
+    ), log[-3000:]
+    assert line.endswith("give this node the ca.crt that signed the SuperLink's (or its proxy's) server.pem")
 
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").is_file() else None)

@@ -8,7 +8,10 @@ exactly the results and failures a real round gives them.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +25,8 @@ from flwr.common import (
     FitRes,
     GetPropertiesIns,
     GetPropertiesRes,
+    Message,
+    MessageTypeLegacy,
     Parameters,
     Scalar,
     Status,
@@ -210,6 +215,77 @@ def test_below_the_threshold_the_round_stops_the_run_before_aggregating():
     with pytest.raises(FedcondError, match=r"round 2: 3 of 4 clients answered in fit, fewer than the 4") as error:
         fit_round(strategy, manager)
     assert "partition 2 failed in fit: the client crashed" in str(error.value) and "\n" not in str(error.value)
+
+
+class SilentNodeGrid:
+    """What Flower's ``GridClientProxy`` sends through, answering as the SuperLink does for a node
+    that stopped sending heartbeats: the identity question before round 1 (it was alive then) with
+    its partition id, every later message with the SuperLink's own "Node Unavailable" error reply."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+
+    def send_and_receive(self, messages: list[Message], *, timeout: float | None = None) -> list[Message]:
+        from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+
+        (message,) = messages
+        if message.metadata.message_type == MessageTypeLegacy.GET_PROPERTIES:
+            answer = GetPropertiesRes(Status(Code.OK, ""), {PARTITION_ID: self.partition})
+            return [Message(getpropertiesres_to_recorddict(answer), reply_to=message)]
+        return [create_message_error_unavailable_res_message(message.metadata, "node_unavail")]
+
+
+class Terminal(io.StringIO):
+    """The ServerApp's standard error; ``heard`` is set once a node's lost heartbeat is said."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard = threading.Event()
+
+    def write(self, text: str) -> int:
+        if "stopped sending heartbeats" in text:
+            self.heard.set()
+        return super().write(text)
+
+
+class SlowNode(FakeNode):
+    """A node whose fit answers only after the silent node's line was said (or 30 s): whether it had
+    been said by then, ``heard_first`` records."""
+
+    terminal: Terminal
+
+    def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
+        self.heard_first = self.terminal.heard.wait(timeout=30)
+        return super().fit(ins, timeout, group_id)
+
+
+def test_a_node_silent_past_its_heartbeats_is_named_the_moment_flower_answers_for_it(tmp_path, monkeypatch):
+    """Flower's grid proxy and the SuperLink's own error reply for a node that stopped sending
+    heartbeats (its SuperNode killed: no goodbye): the ServerApp says which partition and node at
+    once, while the round's other clients are still training, whatever ``verbose`` says."""
+    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.supercore.task_identity import TaskIdentity
+
+    # What Flower sets in a ServerApp's process, and its messages carry.
+    for attribute, value in {"_run_id": 1, "_node_id": 0, "_task_id": 7}.items():
+        monkeypatch.setattr(TaskIdentity, attribute, value)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    SlowNode.terminal = terminal
+    silent = GridClientProxy(node_id=4242, grid=SilentNodeGrid(2), run_id=1)  # type: ignore[arg-type]
+    others = [SlowNode(f"node-{p}", p, p // 2) for p in (0, 1, 3)]
+    strategy = strategy_for("fedavg", tmp_path, **{"min-answered-fraction": 0.5})  # verbose=false
+    manager = federation([*others, silent])  # type: ignore[list-item]
+    strategy.initialize_parameters(manager)
+    fit_round(strategy, manager, 2)
+    assert all(node.heard_first for node in others)  # said before the round's other replies came
+    (line,) = terminal.getvalue().splitlines()
+    assert line == (
+        "fedcond: round 2: partition 2 (node 4242) stopped sending heartbeats: the SuperLink gave up on it, so its "
+        "fit failed (node left); the run goes on while min-answered-fraction allows, and the node rejoins when its "
+        "SuperNode starts again with its key and --node-config partition-id=2"
+    )
+    assert [(f.partition_id, f.reason) for f in strategy.participation.failures] == [(2, "node left")]
 
 
 def test_a_node_that_left_fails_before_it_is_asked_and_counts_once(tmp_path):

@@ -186,7 +186,12 @@ def checkpointed_run(tmp_path: Path, done: int = 2, finished: bool = False) -> t
         ("no run.json", [], "no run.json there; give the folder of a run"),
         ("no checkpoint", [], "no checkpoint.pt there (the run stopped before finishing round 1); start it again"),
         ("finished", [], "the run already finished its 3 rounds; to extend it, give num-server-rounds above 3"),
-        ("stopped", ["method=fedavg", "seed=1"], 'these differ: method="fedavg" (recorded "conditional"), seed=1'),
+        (
+            "stopped",
+            ["method=fedavg", "seed=1"],
+            'these may not change: method (given "fedavg", recorded "conditional"), seed (given 1, recorded 0); '
+            'give them as recorded: method="conditional" seed=0',
+        ),
         ("stopped", ["num-server-rounds=2"], "num-server-rounds=2 is not above the 2 rounds already finished"),
         ("stopped", ["run-name=other"], "a resumed run stays in its folder; leave out results-dir and run-name"),
         ("held", [], "the run is still going (process "),
@@ -234,10 +239,25 @@ def test_plain_flwr_run_resume_needs_the_recorded_settings(tmp_path):
     """``flwr run --run-config 'resume=...'`` gives the app's defaults for every key it does not
     set: the ServerApp cannot tell them from given values, so any that differs is refused."""
     folder, _ = checkpointed_run(tmp_path)
-    given = {**default_config(), "num-clusters": 2, "clients-per-cluster": 1, "data-fraction": 0.5}
-    config = RESUME.set(run_config(given), str(folder))
-    with pytest.raises(FedcondError, match=r"these differ: local-epochs=5 \(recorded 1\); give the recorded values"):
+    given = {"method": "conditional", "num-clusters": 2, "clients-per-cluster": 1, "data-fraction": 0.5}
+    config = RESUME.set(run_config({**default_config(), **given}), str(folder))
+    # Which keys were given is unknown (in-process, or an old caller): every difference is named as such.
+    with pytest.raises(FedcondError) as unknown:
         check_resume(config)
+    assert str(unknown.value) == (
+        f"resume={folder}: a resumed run keeps its recorded settings; these may not change: local-epochs (here 5, "
+        "recorded 1); give them as recorded: local-epochs=1"
+    )
+    # Known (the ServerApp reads --run-config's keys, fedcond submit its own): local-epochs was left
+    # out and pyproject.toml's 5 taken, so it must be repeated, while a changed seed may not change.
+    with pytest.raises(FedcondError) as known:
+        check_resume(config.replace(seed=3), given=[*given, "seed", "resume", "num-server-rounds"])
+    assert str(known.value) == (
+        f"resume={folder}: a resumed run keeps its recorded settings; these may not change: seed (given 3, "
+        "recorded 0); these were left out, so the app's defaults were taken: local-epochs (default 5, recorded 1); "
+        "give them as recorded: local-epochs=1 seed=0"
+    )
+    assert "leave" not in str(known.value)  # leaving local-epochs out is what went wrong
     assert check_resume(config.replace(local_epochs=1)).round == 2
 
 
@@ -256,6 +276,38 @@ def test_a_plain_flwr_run_resume_must_give_its_rounds_or_pyprojects_would_silent
     )
     check_resumed_rounds(config, {"resume": str(folder), "num-server-rounds": 3})
     check_resumed_rounds(RESUME.set(config, ""), {})  # a new run: nothing to say
+
+
+def test_fedcond_submit_refuses_a_resume_the_server_would_refuse_in_one_line_before_submitting(
+    tmp_path, capsys, monkeypatch
+):
+    """``fedcond submit`` resumes through ``flwr run``: a setting left out takes the app's default, so
+    the refusal names the settings to repeat as key=value (never "leave them out"), and a missing
+    num-server-rounds is refused here too; one line each, exit 2, and Flower is never called."""
+    import fedcond.tools.submit
+
+    folder, _ = checkpointed_run(tmp_path)
+    monkeypatch.setattr(fedcond.tools.submit, "executable", lambda name: pytest.fail(f"{name} was started"))
+    assert main(["submit", "fedcond-local", f"resume={folder}", "num-server-rounds=3", "seed=1"]) == 2
+    printed = capsys.readouterr()
+    (line,) = printed.err.splitlines()
+    assert printed.out == "" and "{" not in line and "leave" not in line
+    defaults = run_config(default_config()).resolved().to_mapping()  # as compared: dataset defaults filled in
+    left_out = ", ".join(
+        f"{key} (default {json.dumps(defaults[key])}, recorded {json.dumps(value)})"
+        for key, value in (("clients-per-cluster", 1), ("data-fraction", 0.5), ("local-epochs", 1), ("num-clusters", 2))
+    )
+    assert line == (
+        f"fedcond: error: resume={folder}: a resumed run keeps its recorded settings; these may not change: seed "
+        f"(given 1, recorded 0); these were left out, so the app's defaults were taken: {left_out}; give them as "
+        "recorded: clients-per-cluster=1 data-fraction=0.5 local-epochs=1 num-clusters=2 seed=0"
+    )
+    recorded = ["method=conditional", "num-clusters=2", "clients-per-cluster=1", "local-epochs=1", "data-fraction=0.5"]
+    assert main(["submit", "fedcond-local", f"resume={folder}", *recorded]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        f"fedcond: error: resume={folder}: give num-server-rounds in --run-config (the run recorded 3"
+    )
 
 
 @pytest.mark.slow

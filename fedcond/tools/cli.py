@@ -120,6 +120,8 @@ def run(
     environment = flower_environment()
     # flwr's local SuperLink keeps the cwd it starts in; a neutral one keeps it out of the source tree.
     flwr_home = local_superlink.flower_home(environment)
+    # flwr run would hand the run to a running local SuperLink of another environment as it is.
+    local_superlink.check_reusable(flwr_home, environment, Path(executable("flower-superlink")))
     flwr_home.mkdir(parents=True, exist_ok=True)
     # This home's own local SuperLink ports: never another home's SuperLink on Flower's default ones.
     environment.update(local_superlink.ports_of(flwr_home, environment))

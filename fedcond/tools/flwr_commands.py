@@ -104,7 +104,7 @@ def settings_from(assignments: Sequence[str], override_file: str | None) -> RunC
     """The run configuration from defaults, an experiment file and ``key=value`` words, checked."""
     overrides = read_overrides(assignments, override_file)
     config = run_config({**default_config(), **overrides}, overrides)
-    check_run(config)
+    check_run(config, given=overrides.keys())
     return config
 
 
@@ -120,7 +120,7 @@ def prepare(assignments: Sequence[str], override_file: str | None = None) -> tup
         # Every setting as run.json records it, passed on in full: the clients see only the run
         # config (a deployed client cannot read the server's run.json).
         config = resume_settings(Path(str(overrides[RESUME.key])), overrides, declared_options())
-        check_run(config, load_data=True)
+        check_run(config, load_data=True, given=overrides.keys())
         return config, config.to_mapping()
     config = run_config({**default_config(), **overrides}, overrides)
     check_run(config, load_data=True)

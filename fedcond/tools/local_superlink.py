@@ -11,16 +11,26 @@ Flower puts every local SuperLink on the same two ports (39091, 39093) whatever 
 of one Flower home would attach to another home's (another user's job on a shared machine) and
 then find its own "not running". Each home therefore gets ports of its own (``ports_of``), chosen
 free once and kept in the home, which ``fedcond run`` hands to ``flwr run``.
+
+``flwr run`` reuses a running local SuperLink whatever environment started it, and its ServerApp,
+simulation and Ray workers run with that one: ``foreign`` says when the running one was started
+from another environment (another ``flower-superlink``, so another Python and packages; another
+``PYTHONPATH``, so another fedcond checkout; other offline settings) or before this environment's
+Flower or fedcond was installed again, and ``fedcond run`` then refuses to use it (``check_reusable``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 
 import psutil
 
+from fedcond.errors import FedcondError
+from fedcond.tools.flwr_commands import OFFLINE_ENVIRONMENT
 from fedcond.tools.processes import STOP_GRACE
 
 #: Written into a run's folder by ``fedcond run``: which SuperLink served it and how to stop it.
@@ -72,6 +82,71 @@ def find(home: Path) -> psutil.Process | None:
         if "--log-file" in words[:-1] and str(Path(words[words.index("--log-file") + 1]).resolve()) == wanted:
             return process
     return None
+
+
+#: Variables of the environment that change what a local SuperLink's runs do: which fedcond checkout
+#: its processes import (PYTHONPATH) and the offline settings fedcond gives Flower.
+ENVIRONMENT_VARIABLES = ("PYTHONPATH", *OFFLINE_ENVIRONMENT)
+#: The installed distributions whose code a running SuperLink holds from the moment it started.
+DISTRIBUTIONS = ("flwr", "fedcond")
+
+
+def foreign(process: psutil.Process, environment: Mapping[str, str], superlink: Path) -> str | None:
+    """How the local SuperLink ``process`` differs from what a run with ``environment`` and this
+    environment's ``superlink`` executable would start ("started from ..."), or None: the same."""
+    try:
+        words = process.cmdline()
+        theirs = process.environ()
+        started = process.create_time()
+        cwd = process.cwd()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None  # gone (or not ours to read): flwr run starts or finds another
+    script = next((word for word in words[:2] if Path(word).name == "flower-superlink"), None)
+    if script is not None and os.path.realpath(Path(cwd, script)) != os.path.realpath(superlink):
+        return f"from another environment: it runs {script}, this one has {superlink}"
+    for variable in ENVIRONMENT_VARIABLES:
+        if theirs.get(variable) != environment.get(variable):
+            return (
+                f"with {variable}={theirs.get(variable, '(unset)')}, and this run has "
+                f"{variable}={environment.get(variable, '(unset)')}"
+            )
+    for name, installed in installed_at().items():
+        if installed > started:
+            return f"before {name} {metadata.version(name)} was installed here: it runs the version installed before"
+    return None
+
+
+def installed_at() -> dict[str, float]:
+    """When each of ``DISTRIBUTIONS`` was last installed: its metadata folder's time (pip makes it anew)."""
+    times = {}
+    for name in DISTRIBUTIONS:
+        try:
+            files = metadata.distribution(name).files or []
+        except metadata.PackageNotFoundError:
+            continue
+        for file in files:
+            if file.name == "METADATA":
+                times[name] = Path(str(file.locate())).parent.stat().st_mtime
+    return times
+
+
+def check_reusable(home: Path, environment: Mapping[str, str], superlink: Path) -> None:
+    """Refuse (one line) a run that ``flwr run`` would hand to a local SuperLink of ``home`` started
+    from another environment (``foreign``).
+
+    Refused rather than restarted: stopping it would also end whatever it is running now, a run of
+    another terminal of this Flower home (quite likely, from that other environment), and fedcond
+    cannot tell from outside whether it is idle; the operator can, and ``fedcond stop-superlink``
+    stops it in one command, after which ``flwr run`` starts one with this environment."""
+    process = find(home)
+    if process is None:
+        return
+    why = foreign(process, environment, superlink)
+    if why is not None:
+        raise FedcondError(
+            f"Flower's local SuperLink of {home} (PID {process.pid}) was started {why}; flwr run would reuse it as it "
+            "is: stop it with fedcond stop-superlink (or make stop-superlink) once its runs are over, then run again"
+        )
 
 
 def record(folder: Path, home: Path) -> psutil.Process | None:

@@ -7,8 +7,10 @@ Every argument is ``flower-supernode``'s, passed on unchanged. Around it:
   ``--root-certificates`` and ``--auth-supernode-private-key`` exist; a problem is one line naming
   the fix, and nothing starts;
 - **while** it runs, its output is shown as it is, and Flower's refusals and retries get one line
-  saying what to fix (``HINTS``): a key the SuperLink never registered, a SuperLink it cannot
-  reach;
+  saying what to fix (``HINTS``): a key the SuperLink never registered; for a SuperLink it cannot
+  reach or a failed TLS handshake, fedcond dials ``--superlink`` itself (``superlink_probe``) and
+  says which it is: nothing listening there, a certificate ``--root-certificates`` did not sign
+  (naming that file and the certificate's issuer and names), or one that does not name the host;
 - **stopping** it by the PID of this command (Ctrl+C, ``kill``, a service manager's SIGTERM) stops
   everything the SuperNode started, its ``flower-superexec`` and ClientApp processes included
   (``flower-supernode``'s own children outlive a signal sent to it alone).
@@ -29,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcond.errors import FedcondError
+from fedcond.tools import superlink_probe
 from fedcond.tools.flwr_commands import executable, flower_environment
 from fedcond.tools.processes import Processes
 
@@ -53,9 +56,13 @@ HINTS = {
         "signed the SuperLink's (or its proxy's) server.pem, and --superlink an address the certificate names"
     ),
 }
-#: flower-supernode retries an unreachable SuperLink forever; after this many failed attempts in a row:
+#: flower-supernode retries an unreachable SuperLink forever; after this many failed attempts in a row
+#: fedcond dials the address itself (``superlink_probe``) and says what answers there.
 UNREACHABLE_AFTER = 3
 UNREACHABLE = "Connection attempt failed"
+#: flower-supernode's lines when a TLS handshake failed (it gives up at once), whatever the cause: a CA
+#: file that did not sign the certificate, a certificate naming another host, a SuperLink without TLS.
+TLS_FAILED = ("SSL/TLS handshake error detected", "CERTIFICATE_VERIFY_FAILED")
 
 
 def _option(arguments: Sequence[str], name: str) -> str | None:
@@ -183,11 +190,13 @@ class Tracebacks:
 
 def _show(node: subprocess.Popen[bytes], arguments: Sequence[str]) -> None:
     """flower-supernode's output as it is (a traceback Flower ends with on a refusal fedcond
-    explains: its exception line alone), and after a line of ``HINTS`` (or repeated failures to
-    reach the SuperLink) fedcond's line saying what to fix, once each."""
+    explains: its exception line alone), and after a line of ``HINTS`` fedcond's line saying what
+    to fix, once each; after a failed TLS handshake or repeated failures to reach the SuperLink,
+    what fedcond's own probe of ``--superlink`` found."""
     assert node.stdout is not None
     said: set[str] = set()
     failed_attempts = 0
+    tls_probed = False
     tracebacks = Tracebacks()
     # Line by line as Flower writes them (it retries an unreachable SuperLink forever), then None: the end.
     for raw in itertools.chain(node.stdout, [None]):
@@ -199,14 +208,45 @@ def _show(node: subprocess.Popen[bytes], arguments: Sequence[str]) -> None:
             break
         failed_attempts += UNREACHABLE in line
         if failed_attempts == UNREACHABLE_AFTER:
-            address = _option(arguments, "--superlink") or "the default address"
-            _say(f"cannot reach the SuperLink at {address} (--superlink): check the address and port (on a "
-                 "network, the Fleet proxy's, docs/deployment.md), that the SuperLink runs and that no "
-                 "firewall blocks it; Flower keeps retrying")  # fmt: skip
+            _say_once(_unreachable_line(arguments), said)
+        root_certificates = _option(arguments, "--root-certificates")  # None: --insecure, no TLS of its own
+        if root_certificates is not None and not tls_probed and any(pattern in line for pattern in TLS_FAILED):
+            tls_probed = True
+            found = superlink_probe.probe(_superlink(arguments), root_certificates)
+            if found is not None:  # more precise than Flower's words and the general hint: said instead
+                said.add("CERTIFICATE_VERIFY_FAILED")
+                _say_once(found, said)
         for pattern, hint in HINTS.items():
             if pattern in line and pattern not in said:
                 said.add(pattern)
                 _say(hint)
+
+
+def _superlink(arguments: Sequence[str]) -> str:
+    """The address the node dials: its --superlink, else Flower's default."""
+    from flwr.supercore.constant import SUPERLINK_DEFAULT_CLIENT_ADDRESS
+
+    return _option(arguments, "--superlink") or SUPERLINK_DEFAULT_CLIENT_ADDRESS
+
+
+def _unreachable_line(arguments: Sequence[str]) -> str:
+    """What answers at --superlink, after Flower failed to connect UNREACHABLE_AFTER times."""
+    address, root_certificates = _superlink(arguments), _option(arguments, "--root-certificates")
+    found = superlink_probe.probe(address, root_certificates)
+    if found is not None:
+        return found
+    verified = f" and --root-certificates {root_certificates} verifies its certificate" if root_certificates else ""
+    return (
+        f"Flower's connection attempts fail, yet something answers at {address}{verified}: check that it is "
+        "the SuperLink's Fleet API (or its proxy's, docs/deployment.md) and read Flower's lines above; Flower "
+        "keeps retrying"
+    )
+
+
+def _say_once(text: str, said: set[str]) -> None:
+    if text not in said:
+        said.add(text)
+        _say(text)
 
 
 def _say(text: str) -> None:
