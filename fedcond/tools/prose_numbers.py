@@ -15,9 +15,10 @@ line, each number it quotes and where it comes from::
 A line is ``METHOD seed S [round R] [COLUMN]: VALUE`` (that run's COLUMN, accuracy unless named, in
 round R, its last recorded one unless named), ``METHOD mean [over seeds 0,1] [COLUMN]: VALUE`` (the
 mean over its seeds, or those named, of the last recorded values), ``METHOD interval [over seeds 0,1]
-[COLUMN]: M ± H`` (that mean and its 95% t half-width), ``METHOD - REFERENCE [COLUMN]:
-D ± H`` (the paired mean difference in points over the seeds both ran, and its 95% t half-width), or
-``METHOD - REFERENCE [COLUMN] verdict [matches MARGIN]: WORDS`` (what that paired interval allows,
+[COLUMN]: M ± H`` (that mean and its 95% t half-width), ``METHOD - REFERENCE [over seeds 0,1]
+[COLUMN]: D ± H`` (the paired mean difference in points over the seeds both ran, or those of them
+named, and its 95% t half-width), or ``METHOD - REFERENCE [over seeds 0,1] [COLUMN] verdict
+[matches MARGIN]: WORDS`` (what that paired interval allows,
 worded as the verdict table words it, ``fedcond.tools.claims.verdict``: holds, does not hold, not
 established; above 0, or no more than MARGIN points under with ``matches``), ``METHOD [seed S]
 parameters: N`` (the model's size, run.json's ``model_parameters``, the same in each of its runs),
@@ -50,7 +51,7 @@ import csv
 import math
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,9 +93,10 @@ _OVER_SEEDS = re.compile(
 _DEFAULT = re.compile(r"^default (?P<key>[a-z0-9-]+)$")
 _PAPER = re.compile(r"^paper (?P<table>[IVXL]+) (?P<method>\S+)(?P<filters>(?: [a-z_]+=\S+)*)$")
 _PAPER_RESULTS = "experiments/paper/results.csv"
-_PAIRED = re.compile(rf"^(?P<method>{_NAME}) - (?P<reference>{_NAME})(?: (?P<column>[a-z_]+))?$")
+_SEEDS = r"(?: over seeds (?P<seeds>\d+(?:,\d+)*))?"
+_PAIRED = re.compile(rf"^(?P<method>{_NAME}) - (?P<reference>{_NAME}){_SEEDS}(?: (?P<column>[a-z_]+))?$")
 _VERDICT = re.compile(
-    rf"^(?P<method>{_NAME}) - (?P<reference>{_NAME})(?: (?P<column>[a-z_]+))? verdict"
+    rf"^(?P<method>{_NAME}) - (?P<reference>{_NAME}){_SEEDS}(?: (?P<column>[a-z_]+))? verdict"
     r"(?: (?P<kind>beats|matches (?P<margin>\d+(?:\.\d+)?)))?$"
 )
 _PARAMETERS = re.compile(rf"^(?P<method>{_NAME})(?: seed (?P<seed>\d+))? parameters$")
@@ -225,7 +227,7 @@ def measured(block: Block, citation: Citation) -> str | None:
         column = match["column"] or "accuracy"
         subject = final_by_seed(rows, Side(_named(match["method"]), block.where), column)
         reference = final_by_seed(rows, Side(_named(match["reference"]), block.where), column)
-        seeds = sorted(set(subject) & set(reference))
+        seeds = _paired_seeds(subject, reference, match["seeds"])
         differences = [100 * (subject[seed] - reference[seed]) for seed in seeds]
         kind, margin = ("matches", float(match["margin"])) if match["margin"] else ("beats", 0.0)
         said = verdict(kind, margin, differences)
@@ -271,7 +273,7 @@ def measured(block: Block, citation: Citation) -> str | None:
         column = match["column"] or "accuracy"
         subject = final_by_seed(rows, Side(_named(match["method"]), block.where), column)
         reference = final_by_seed(rows, Side(_named(match["reference"]), block.where), column)
-        seeds = sorted(set(subject) & set(reference))
+        seeds = _paired_seeds(subject, reference, match["seeds"])
         if len(seeds) < 2:
             return f"{len(seeds)} seed(s) run by both: no interval"
         differences = [100 * (subject[seed] - reference[seed]) for seed in seeds]
@@ -283,7 +285,8 @@ def measured(block: Block, citation: Citation) -> str | None:
         return f"the runs give {mean:+.4f} ± {half:.4f} points ({len(seeds)} seeds)"
     return (
         "not a form this checker reads (METHOD seed S [round R | rounds A-B] [COLUMN], METHOD mean|interval "
-        "[over seeds 0,1] [COLUMN], METHOD - REFERENCE [COLUMN], METHOD - REFERENCE [COLUMN] verdict "
+        "[over seeds 0,1] [COLUMN], METHOD - REFERENCE [over seeds 0,1] [COLUMN], METHOD - REFERENCE "
+        "[over seeds 0,1] [COLUMN] verdict "
         "[matches MARGIN], METHOD [seed S] parameters, paper TABLE METHOD [column=value ...], default SETTING)"
     )
 
@@ -411,6 +414,15 @@ def _signed(text: str, match: re.Match[str], citation: Citation) -> str | None:
         f"{citation.quoted} ({citation.source}): the text reads {'+-'[value > 0]}{match[0]}, the other sign; "
         "sign it (-0.98, +0.98) or say which way (under, above)"
     )
+
+
+def _paired_seeds(subject: Mapping[str, float], reference: Mapping[str, float], named: str | None) -> list[str]:
+    """The seeds both sides ran, or those of them ``named`` ("0,1,2": a claim's declared seeds, when
+    later ones ran post hoc); a named seed one side lacks is left out, so the count quoted shows it."""
+    seeds = set(subject) & set(reference)
+    if named is not None:
+        seeds &= set(named.split(","))
+    return sorted(seeds, key=int)
 
 
 def _shown(path: Path, root: Path) -> str:
