@@ -116,17 +116,21 @@ def foreign(process: psutil.Process, environment: Mapping[str, str], superlink: 
     return None
 
 
+#: A distribution's metadata file: a wheel's (dist-info), or the egg-info an editable install leaves in
+#: the checkout (found first from there, as the current folder is on the path).
+METADATA_FILES = ("METADATA", "PKG-INFO")
+
+
 def installed_at() -> dict[str, float]:
-    """When each of ``DISTRIBUTIONS`` was last installed: its metadata folder's time (pip makes it anew)."""
-    times = {}
+    """When each of ``DISTRIBUTIONS`` was last installed: the newest of its metadata folders' times
+    (pip makes them anew), over every copy of its metadata on the path."""
+    times: dict[str, float] = {}
     for name in DISTRIBUTIONS:
-        try:
-            files = metadata.distribution(name).files or []
-        except metadata.PackageNotFoundError:
-            continue
-        for file in files:
-            if file.name == "METADATA":
-                times[name] = Path(str(file.locate())).parent.stat().st_mtime
+        for distribution in metadata.distributions(name=name):
+            for file in distribution.files or []:
+                path = Path(str(file.locate()))
+                if file.name in METADATA_FILES and path.exists():
+                    times[name] = max(times.get(name, 0.0), path.parent.stat().st_mtime)
     return times
 
 
