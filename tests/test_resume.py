@@ -197,7 +197,8 @@ def checkpointed_run(tmp_path: Path, done: int = 2, finished: bool = False) -> t
         ("held", [], "the run is still going (process "),
     ],
 )
-def test_a_bad_resume_is_refused_in_one_line_before_anything_starts(tmp_path, capsys, case, settings, message):
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_bad_resume_is_refused_in_one_line_before_anything_starts(tmp_path, capsys, case, settings, message, dry_run):
     folder, _ = checkpointed_run(tmp_path, done=3 if case == "finished" else 2, finished=case == "finished")
     if case == "no run.json":
         (folder / "run.json").unlink()
@@ -206,7 +207,7 @@ def test_a_bad_resume_is_refused_in_one_line_before_anything_starts(tmp_path, ca
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
     held = locks.acquire(folder / RUN_LOCK) if case == "held" else None
     try:
-        assert main(["run", f"resume={folder}", *settings]) == 2
+        assert main(["run", *dry_run, f"resume={folder}", *settings]) == 2
     finally:
         if held is not None:
             held.close()
@@ -216,6 +217,14 @@ def test_a_bad_resume_is_refused_in_one_line_before_anything_starts(tmp_path, ca
     assert {name: data for name, data in after.items() if name != RUN_LOCK} == {
         name: data for name, data in before.items() if name != RUN_LOCK
     }  # nothing was touched
+
+
+def test_the_dry_run_of_a_resume_checks_the_recorded_settings_as_the_run_does(tmp_path, capsys):
+    """``fedcond run --dry-run resume=F`` passes where ``fedcond run resume=F`` would start: the
+    recorded settings are the run's, not the defaults (which would all 'differ')."""
+    folder, _ = checkpointed_run(tmp_path)
+    assert main(["run", "--dry-run", f"resume={folder}"]) == 0
+    assert "fedcond: dry run: conditional on digits" in capsys.readouterr().out
 
 
 def test_fedcond_run_resume_passes_the_recorded_settings_in_full(tmp_path):

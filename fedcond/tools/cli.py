@@ -53,7 +53,7 @@ from fedcond.tools.flwr_commands import (
     prepare,
     read_overrides,
     run_folder,
-    settings_from,
+    run_settings,
     to_run_config_string,
     unfinished,
 )
@@ -90,7 +90,7 @@ def run(
     ``flower.log`` in the run's folder, which also gets ``convergence.png``. Flower's local SuperLink
     stays up for the next run unless ``stop_superlink``; its PID is in the run's folder either way."""
     if dry_run:
-        print(describe_run(settings_from(assignments, override_file)))
+        print(describe_run(run_settings(assignments, override_file)))
         return 0
     config, overrides = prepare(assignments, override_file)
     if is_pooled(config):

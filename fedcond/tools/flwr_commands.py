@@ -108,6 +108,17 @@ def settings_from(assignments: Sequence[str], override_file: str | None) -> RunC
     return config
 
 
+def run_settings(assignments: Sequence[str], override_file: str | None) -> RunConfig:
+    """What ``fedcond run`` would run, checked without reading the data (its dry run): as
+    ``settings_from``, but a ``resume=`` takes its run's recorded settings, as ``prepare`` does."""
+    overrides = read_overrides(assignments, override_file)
+    if not overrides.get(RESUME.key):
+        return settings_from(assignments, override_file)
+    config = resume_settings(Path(str(overrides[RESUME.key])), overrides, declared_options())
+    check_run(config, given=overrides.keys())
+    return config
+
+
 def prepare(assignments: Sequence[str], override_file: str | None = None) -> tuple[RunConfig, dict[str, object]]:
     """Check everything (data files included) before Flower starts, and name the results folder.
 
