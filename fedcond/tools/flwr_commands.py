@@ -114,8 +114,13 @@ def run_settings(assignments: Sequence[str], override_file: str | None) -> RunCo
     overrides = read_overrides(assignments, override_file)
     if not overrides.get(RESUME.key):
         return settings_from(assignments, override_file)
+    return resumed_settings(overrides, load_data=False)
+
+
+def resumed_settings(overrides: dict[str, object], load_data: bool) -> RunConfig:
+    """A ``resume=``'s settings: its run's record, with what ``overrides`` may change, checked."""
     config = resume_settings(Path(str(overrides[RESUME.key])), overrides, declared_options())
-    check_run(config, given=overrides.keys())
+    check_run(config, load_data=load_data, given=overrides.keys())
     return config
 
 
@@ -130,8 +135,7 @@ def prepare(assignments: Sequence[str], override_file: str | None = None) -> tup
     if overrides.get(RESUME.key):
         # Every setting as run.json records it, passed on in full: the clients see only the run
         # config (a deployed client cannot read the server's run.json).
-        config = resume_settings(Path(str(overrides[RESUME.key])), overrides, declared_options())
-        check_run(config, load_data=True, given=overrides.keys())
+        config = resumed_settings(overrides, load_data=True)
         return config, config.to_mapping()
     config = run_config({**default_config(), **overrides}, overrides)
     check_run(config, load_data=True)

@@ -124,13 +124,22 @@ def _load(der: bytes) -> x509.Certificate:
     return x509.load_der_x509_certificate(der)
 
 
+def _alt_names(certificate: x509.Certificate) -> x509.SubjectAlternativeName | None:
+    """The certificate's subjectAltName, or None when it has none."""
+    from cryptography import x509
+
+    try:
+        return certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+
+
 def _names(certificate: x509.Certificate) -> str:
     """What a certificate names in its subjectAltName (``IP:...``, ``DNS:...``), else its CN."""
     from cryptography import x509
 
-    try:
-        extension = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
+    extension = _alt_names(certificate)
+    if extension is None:
         return f"CN={_common_name(certificate.subject)} only"
     names = [f"IP:{ip}" for ip in extension.get_values_for_type(x509.IPAddress)]
     names += [f"DNS:{name}" for name in extension.get_values_for_type(x509.DNSName)]
@@ -170,9 +179,8 @@ def _unsigned(der: bytes | None, root_certificates: str, host: str) -> tuple[str
 def _names_host(certificate: x509.Certificate, host: str) -> bool:
     from cryptography import x509
 
-    try:
-        extension = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
+    extension = _alt_names(certificate)
+    if extension is None:
         return False
     try:
         return ipaddress.ip_address(host) in extension.get_values_for_type(x509.IPAddress)

@@ -197,6 +197,7 @@ def _show(node: subprocess.Popen[bytes], arguments: Sequence[str]) -> None:
     said: set[str] = set()
     failed_attempts = 0
     tls_probed = False
+    root_certificates = _option(arguments, "--root-certificates")  # None: --insecure, no TLS of its own
     tracebacks = Tracebacks()
     # Line by line as Flower writes them (it retries an unreachable SuperLink forever), then None: the end.
     for raw in itertools.chain(node.stdout, [None]):
@@ -209,7 +210,6 @@ def _show(node: subprocess.Popen[bytes], arguments: Sequence[str]) -> None:
         failed_attempts += UNREACHABLE in line
         if failed_attempts == UNREACHABLE_AFTER:
             _say_once(_unreachable_line(arguments), said)
-        root_certificates = _option(arguments, "--root-certificates")  # None: --insecure, no TLS of its own
         if root_certificates is not None and not tls_probed and any(pattern in line for pattern in TLS_FAILED):
             tls_probed = True
             found = superlink_probe.probe(_superlink(arguments), root_certificates)
