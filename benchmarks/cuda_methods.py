@@ -6,7 +6,7 @@
 ``--smoke`` runs every registered method (the paper's eight, the competitors, the pooled references,
 the ``recommended`` variant) and two cross-cutting paths (sample-level DP-SGD through Opacus, and a
 held-out newcomer) on digits E1 K=2 with 3 clients per cluster, once with the device fedcond picks
-(``fedcond.device.pick_device``) and once in a child process that sees no GPU
+(``fedcond.model.device.pick_device``) and once in a child process that sees no GPU
 (``CUDA_VISIBLE_DEVICES=""``): final accuracy on each, seconds, and the GPU memory each run
 allocated (0 would mean it never trained there). ``--rerun`` reads a committed run's ``run.json``,
 runs the same configuration on this machine and sets its final accuracy and seconds beside the
@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from fedcond.device import pick_device
-from fedcond.history import dataset_metric
+from fedcond.model.device import pick_device
 from fedcond.pooled import run_pooled
+from fedcond.records.history import dataset_metric
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import run_in_process
 from strategies.registry import get_method, registry, run_config

@@ -49,8 +49,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from overhead import FLOOR_APP, FLOOR_PYPROJECT, steady_rounds  # noqa: E402
 
-from fedcond.client_data import export_partitions  # noqa: E402
 from fedcond.config import RunConfig  # noqa: E402
+from fedcond.data.client_data import export_partitions  # noqa: E402
 from fedcond.tools.deploy import LocalDeployment, sigterm_as_interrupt  # noqa: E402
 from fedcond.tools.flwr_commands import app_directory, prepare  # noqa: E402
 from fedcond.tools.processes import tagged  # noqa: E402
@@ -92,7 +92,7 @@ else:
 stage("the app imported")
 import numpy as np
 if app_name.startswith("fedcond"):
-    from fedcond.models import build_run_model, get_weights
+    from fedcond.model.networks import build_run_model, get_weights
     weights = get_weights(build_run_model(config.resolved(), 10, True))  # the server's part: not a stage
 else:
     weights = [np.zeros(1)]

@@ -6,8 +6,8 @@
 
 The server's view, simulated with fedcond's own code: every training client computes its raw
 fingerprint, the federation publishes their mean and std (what the secure sum gives), and client 0
-trains one round from the seeded initial model, plainly or with DP-SGD (``fedcond.training``); with
-``--fingerprint-epsilon`` it trains on its DP fingerprint. ``fedcond.attack.reconstruct_condition``
+trains one round from the seeded initial model, plainly or with DP-SGD (``fedcond.model.training``); with
+``--fingerprint-epsilon`` it trains on its DP fingerprint. ``fedcond.privacy.attack.reconstruct_condition``
 then reads the fingerprint out of the update. Printed per setting (mean over ``--repeats``, since DP
 noise differs every time): the cosine of the reconstruction with the client's true z-scored
 fingerprint, the relative error of the raw eigenvalues it implies, and the cosine with what the model
@@ -24,13 +24,13 @@ import time
 import numpy as np
 import torch
 
-from fedcond import fingerprint as fp
-from fedcond.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
-from fedcond.client_data import ClientData, client_fingerprint, load_client_data
 from fedcond.config import RunConfig
-from fedcond.models import build_run_model, get_weights
-from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy, private_fingerprint
-from fedcond.training import DpSgd, TrainSettings, train, train_private
+from fedcond.data.client_data import ClientData, client_fingerprint, load_client_data
+from fedcond.fingerprint import fingerprints as fp
+from fedcond.model.networks import build_run_model, get_weights
+from fedcond.model.training import DpSgd, TrainSettings, train, train_private
+from fedcond.privacy.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
+from fedcond.privacy.dp import PrivacyLedger, SampleLevelPrivacy, private_fingerprint
 from strategies.registry import run_config
 
 

@@ -266,11 +266,11 @@ def bare_loop(settings: dict[str, object], threads: int) -> dict[str, object]:
     """The same federated SGD steps as fedcond's FedAvg, in one process: the yardstick."""
     import torch
 
-    from fedcond.client_data import load_client_data
-    from fedcond.models import build_run_model, get_weights, set_weights
-    from fedcond.scenarios import scenario_for
+    from fedcond.data.client_data import load_client_data
+    from fedcond.data.scenarios import scenario_for
+    from fedcond.model.networks import build_run_model, get_weights, set_weights
+    from fedcond.model.training import TrainSettings, evaluate, train
     from fedcond.tools.flwr_commands import default_config
-    from fedcond.training import TrainSettings, evaluate, train
     from strategies.registry import run_config
     from strategies.sampling import CLIENTS_PER_ROUND, evaluates_everyone, sample_partitions
 

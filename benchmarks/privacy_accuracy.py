@@ -47,11 +47,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcond import fingerprint as fp
-from fedcond.attack import cosine_similarity
-from fedcond.client_data import client_fingerprint, load_client_data
 from fedcond.config import RunConfig
-from fedcond.history import error_line, mark_failed, run_status
+from fedcond.data.client_data import client_fingerprint, load_client_data
+from fedcond.fingerprint import fingerprints as fp
+from fedcond.privacy.attack import cosine_similarity
+from fedcond.records.history import error_line, mark_failed, run_status
 from fedcond.tools.flwr_commands import parse_assignments
 from fedcond.tools.simulation import simulate
 from strategies import client_dp
@@ -102,11 +102,11 @@ def run_in_process(config: RunConfig, method_conditioned: bool) -> dict[str, obj
     every client evaluates the new model on its test set."""
     from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_clip_model_update, compute_stdv
 
-    from fedcond.aggregation import weighted_average
-    from fedcond.metrics import ClientEvaluation, summarise_evaluations
-    from fedcond.models import build_run_model, get_weights, set_weights
-    from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy, private_fingerprint
-    from fedcond.training import DpSgd, TrainSettings, evaluate, train, train_private
+    from fedcond.model.aggregation import weighted_average
+    from fedcond.model.networks import build_run_model, get_weights, set_weights
+    from fedcond.model.training import DpSgd, TrainSettings, evaluate, train, train_private
+    from fedcond.privacy.dp import PrivacyLedger, SampleLevelPrivacy, private_fingerprint
+    from fedcond.records.metrics import ClientEvaluation, summarise_evaluations
     from strategies.client_dp import CLIENT_DP_CLIPPING_NORM, CLIENT_DP_NOISE_MULTIPLIER, client_dp_mode
 
     config = config.resolved()
@@ -231,7 +231,7 @@ def print_row(name: str, row: dict[str, object]) -> None:
 
 
 def fingerprint_noise(extra: dict[str, object], epsilons: list[float]) -> None:
-    from fedcond.privacy import SampleLevelPrivacy, private_fingerprint
+    from fedcond.privacy.dp import SampleLevelPrivacy, private_fingerprint
 
     config = run_config(extra).resolved()
     clients = [load_client_data(config, partition) for partition in range(config.num_training_clients)]
@@ -270,8 +270,8 @@ def noise_for(epsilon_of: Callable[[float], float], target: float) -> float:
 
 
 def calibrate(extra: dict[str, object], epsilons: list[float], rounds: int) -> None:
-    from fedcond.privacy import PrivacyLedger, gaussian_noise_multiplier, gaussian_rounds_epsilon
-    from fedcond.scenarios import scenario_for
+    from fedcond.data.scenarios import scenario_for
+    from fedcond.privacy.dp import PrivacyLedger, gaussian_noise_multiplier, gaussian_rounds_epsilon
 
     config = run_config({**extra, "num-server-rounds": rounds}).resolved()
     counts = [len(client.train_indices) for client in scenario_for(config).clients if not client.held_out]

@@ -24,8 +24,8 @@ from flwr.compat.common.recorddict_compat import evaluateins_to_recorddict, fiti
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.app import make_client_app
-from fedcond.datasets import dataset_spec
-from fedcond.models import build_run_model, get_weights
+from fedcond.data.datasets import dataset_spec
+from fedcond.model.networks import build_run_model, get_weights
 from strategies.registry import get_method, run_config
 
 

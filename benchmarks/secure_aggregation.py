@@ -33,7 +33,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Context
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
-from fedcond.history import run_status
+from fedcond.records.history import run_status
 from fedcond.tools.flwr_commands import parse_assignments
 from fedcond.tools.simulation import simulate
 from strategies.registry import run_config

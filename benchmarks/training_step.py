@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fedcond.models import build_model
+from fedcond.model.networks import build_model
 
 BATCH = 64
 NETWORKS = {"mnist": ((1, 28, 28), 10), "cifar": ((3, 32, 32), 10)}

@@ -29,10 +29,10 @@ from flwr.common import Context
 from clients.clipping import client_dp_clipping_mod
 from clients.fedcond_client import FedcondClient
 from clients.secagg_mod import secure_aggregation_mod
-from fedcond.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.config import RunConfig
+from fedcond.data.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.errors import FedcondError
-from fedcond.model_store import CLIENT_STATE_DIR
+from fedcond.model.store import CLIENT_STATE_DIR
 from fedcond.pooled import POOLED_METHODS, not_a_federation
 from fedcond.shared_options import CLIENT_SHARED_OPTIONS
 from fedcond.variants import client_path, with_variant_settings

@@ -1,6 +1,6 @@
 """CFL's client (Sattler et al. 2020): trains the one model of its cluster that the server sends and
 returns it, as FedAvg's client does; the server compares the updates' directions to split clusters
-(``strategies.cfl``). A newcomer walks the paper's parameter tree (``fedcond.parameter_tree``): at
+(``strategies.cfl``). A newcomer walks the paper's parameter tree (``fedcond.model.parameter_tree``): at
 each split on its way it trains the split's model on its own data and follows the side its update
 agrees with, down to the cluster whose model it is served."""
 
@@ -11,8 +11,8 @@ import numpy as np
 from clients.fedcond_client import FedcondClient
 from fedcond.errors import FedcondError
 from fedcond.messages import PARAMETER_TREE
-from fedcond.models import Network, get_weights, set_weights, trained_arrays
-from fedcond.parameter_tree import unpack, walk, weight_update
+from fedcond.model.networks import Network, get_weights, set_weights, trained_arrays
+from fedcond.model.parameter_tree import unpack, walk, weight_update
 
 
 class CflClient(FedcondClient):

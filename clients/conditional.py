@@ -1,13 +1,13 @@
 """The paper's method on the client: the shared CNN fed this client's fingerprint.
 
 Everything the fingerprint needs on a client lives here: computing it once from the local training
-data (``fedcond.client_data.client_fingerprint``; with ``fingerprint-epsilon`` noised once, its
+data (``fedcond.data.client_data.client_fingerprint``; with ``fingerprint-epsilon`` noised once, its
 release entered in the privacy ledger), keeping it in ``context.state`` (it is never sent as such),
 normalising it with the federation's published statistics, feeding it to the model, and this
 client's part of those statistics: (f, f^2, 1) as exact digits for SecAgg+'s sum before round 1
 (``strategies/conditional.py`` runs that sum). With ``head-fit = "ridge"`` it trains its generated
 output layer as a plain one and returns what the server's fit of the generator needs
-(``fedcond/head_fit.py``).
+(``fedcond/model/head_fit.py``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ import numpy as np
 from flwr.common import ArrayRecord
 
 from clients.fedcond_client import FedcondClient, Fitted
-from fedcond import fingerprint as fp
-from fedcond import head_fit, statistics_encoding
-from fedcond.client_data import ClientData, cached_client_data, client_fingerprint
+from fedcond.data.client_data import ClientData, cached_client_data, client_fingerprint
+from fedcond.data.scenarios import scenario_for
+from fedcond.fingerprint import fingerprints as fp
+from fedcond.fingerprint import statistics_encoding
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, STEP, STEP_STATISTICS, TRAIN_LOSS, array_from_bytes
-from fedcond.models import get_weights
+from fedcond.model import head_fit
+from fedcond.model.networks import get_weights
 from fedcond.newcomers import NEWCOMER_FINGERPRINT, mismatched_participant, other_concept_cluster
-from fedcond.privacy import private_fingerprint
-from fedcond.scenarios import scenario_for
+from fedcond.privacy.dp import private_fingerprint
 
 FINGERPRINT_KEY = "fingerprint"
 #: A drifted client's fingerprint of its new data (drift-fingerprint = "recompute"), computed once.
@@ -91,7 +92,7 @@ class ConditionalClient(FedcondClient):
         if not head_fit.fits_by_ridge(self.run_config):
             return super().train_round(parameters, round_config)
         # head-fit=ridge: the generated head trains as a plain layer; the reply is the trunk, the
-        # products s~ (x) dH in the output layer's arrays, then s~ s~^T (fedcond/head_fit.py).
+        # products s~ (x) dH in the output layer's arrays, then s~ s~^T (fedcond/model/head_fit.py).
         self.receive(self.model, parameters)
         condition = head_fit.augmented(self.condition(round_config), self.model.condition_scale)
         with head_fit.PlainHead(self.model, condition) as head:

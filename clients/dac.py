@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from clients.fedcond_client import FedcondClient
-from fedcond.aggregation import DAC_NEIGHBOURS
-from fedcond.models import Network, set_weights
+from fedcond.model.aggregation import DAC_NEIGHBOURS
+from fedcond.model.networks import Network, set_weights
 from fedcond.newcomers import lowest_loss_average
 
 

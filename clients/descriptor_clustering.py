@@ -1,10 +1,10 @@
 """Descriptor clustering's client: FedAvg's (train the cluster model it receives, return it), and,
-before round 1, its descriptor for the server to cluster (fedcond.descriptor_clustering)."""
+before round 1, its descriptor for the server to cluster (fedcond.fingerprint.descriptor_clustering)."""
 
 from __future__ import annotations
 
 from clients.fedcond_client import FedcondClient
-from fedcond.client_data import client_fingerprint
+from fedcond.data.client_data import client_fingerprint
 from fedcond.messages import DESCRIPTOR, STEP, STEP_DESCRIPTOR, array_to_bytes
 
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.config import Option
-from fedcond.models import set_weights
-from fedcond.training import ProximalTerm
+from fedcond.model.networks import set_weights
+from fedcond.model.training import ProximalTerm
 
 PERSONAL_MODEL = "ditto-personal-model"
 LAMBDA = Option("ditto-lambda", 1.0, "Ditto: strength of the pull of the personal model to the global", minimum=0)

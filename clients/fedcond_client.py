@@ -19,9 +19,9 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, ConfigRecord, Context
 
-from fedcond import feature_norm
-from fedcond.client_data import ClientData, cached_client_data, reuse_enabled
 from fedcond.config import Option, RunConfig
+from fedcond.data.client_data import ClientData, cached_client_data, reuse_enabled
+from fedcond.data.scenarios import drift_partners_of
 from fedcond.errors import FedcondError
 from fedcond.messages import (
     ACCURACY,
@@ -45,15 +45,15 @@ from fedcond.messages import (
     VALIDATION_KEYS,
     array_to_bytes,
 )
-from fedcond.metrics import PER_CLASS_ACCURACY
-from fedcond.model_store import CLIENT_STATE_DIR, ClientModelFiles
-from fedcond.models import Network, build_run_model, get_weights, set_weights
+from fedcond.model import feature_norm
+from fedcond.model.networks import Network, build_run_model, get_weights, set_weights
+from fedcond.model.store import CLIENT_STATE_DIR, ClientModelFiles
+from fedcond.model.training import DpSgd, EvalResult, LocalTerm, TrainSettings, evaluate, train, train_private
 from fedcond.newcomers import NEWCOMER_STEPS, step_indices
-from fedcond.privacy import PrivacyLedger, SampleLevelPrivacy
-from fedcond.scenarios import drift_partners_of
-from fedcond.training import DpSgd, EvalResult, LocalTerm, TrainSettings, evaluate, train, train_private
+from fedcond.privacy.dp import PrivacyLedger, SampleLevelPrivacy
+from fedcond.records.metrics import PER_CLASS_ACCURACY
 
-#: Every DP mechanism this client ran on its training data (fedcond.privacy.PrivacyLedger), in its state.
+#: Every DP mechanism this client ran on its training data (fedcond.privacy.dp.PrivacyLedger), in its state.
 PRIVACY_LEDGER_KEY = "privacy-ledger"
 #: A client that keeps its own batch-norm layers (``keeps_local_norm``): them, in its state.
 LOCAL_NORM_KEY = "local-batch-norm"
@@ -170,7 +170,7 @@ class FedcondClient(NumPyClient):
         term: LocalTerm | None = None,
     ) -> float:
         """Train ``model`` on this client's data in this round's batch order; the last epoch's mean loss.
-        ``term`` is what the method adds to each local step (``fedcond.training.LocalTerm``).
+        ``term`` is what the method adds to each local step (``fedcond.model.training.LocalTerm``).
 
         With ``dp-noise-multiplier`` > 0, DP-SGD instead (random batches, see ``train_private``), its
         steps added to this client's privacy ledger.
@@ -213,7 +213,7 @@ class FedcondClient(NumPyClient):
     def evaluate_on(
         self, model: Network, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None
     ) -> EvalResult:
-        """``fedcond.training.evaluate`` under this run's layout and task (a regression's RMSE)."""
+        """``fedcond.model.training.evaluate`` under this run's layout and task (a regression's RMSE)."""
         settings = self.train_settings
         return evaluate(model, images, labels, condition, settings.channels_last, settings.regression)
 
@@ -275,7 +275,7 @@ class FedcondClient(NumPyClient):
 
     def hold_round_data(self, round_config: dict[str, object]) -> None:
         """The data this client holds in the message's round: its own, or, if it drifts and the round is
-        ``drift-round`` or later, its partner's (``fedcond.drift``), under its own partition id."""
+        ``drift-round`` or later, its partner's (``fedcond.data.drift``), under its own partition id."""
         drift_round = self.run_config.drift_round
         server_round = int(round_config.get(SERVER_ROUND, 0))
         partner = drift_partners_of(self.run_config).get(self.own_data.partition_id) if drift_round else None
@@ -312,7 +312,7 @@ class FedcondClient(NumPyClient):
     # -- batch-norm layers kept by each client (FedBN; a newcomer recomputes their statistics: AdaBN) -----
     @property
     def keeps_local_norm(self) -> bool:
-        """Whether this client keeps its own batch-norm layers (``fedcond.feature_norm``): with
+        """Whether this client keeps its own batch-norm layers (``fedcond.model.feature_norm``): with
         ``feature-norm=local-batch`` here; always for FedBN's client."""
         return self.run_config.feature_norm == "local-batch"
 

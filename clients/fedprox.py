@@ -7,8 +7,8 @@ import numpy as np
 
 from clients.fedcond_client import FedcondClient
 from fedcond.config import Option
-from fedcond.models import set_weights
-from fedcond.training import ProximalTerm
+from fedcond.model.networks import set_weights
+from fedcond.model.training import ProximalTerm
 
 MU = Option(
     "fedprox-mu", 0.01,

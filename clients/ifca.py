@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
-from fedcond.aggregation import lowest_loss_choice
 from fedcond.messages import CHOICE, EVALUATE_CHOICE, TRAIN_LOSS
-from fedcond.models import Network, get_weights, set_weights
+from fedcond.model.aggregation import lowest_loss_choice
+from fedcond.model.networks import Network, get_weights, set_weights
 
 
 class IfcaClient(FedcondClient):

@@ -6,7 +6,7 @@ import numpy as np
 
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.messages import TRAIN_LOSS
-from fedcond.models import Network
+from fedcond.model.networks import Network
 
 LOCAL_MODEL = "local-model"
 

@@ -9,8 +9,8 @@ from torch import nn
 
 from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.messages import PAYLOAD_PARTS, TRAIN_LOSS, pack_parts, unpack_parts
-from fedcond.models import get_weights
-from fedcond.training import LocalTerm
+from fedcond.model.networks import get_weights
+from fedcond.model.training import LocalTerm
 
 #: What a training instruction holds: the global model x and the server's control variate c.
 RECEIVED = ("model", "control")

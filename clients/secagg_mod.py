@@ -42,7 +42,7 @@ from flwr.compat.common import recorddict_compat as compat
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import EPSILON, ERROR, STEP, STEP_STATISTICS, TRAIN_LOSS
-from fedcond.secagg_settings import SecureAggregation
+from fedcond.privacy.secure_aggregation import SecureAggregation
 
 FIT_METRICS = "fitres.metrics"
 FIT_NUM_EXAMPLES = "fitres.num_examples"
@@ -82,7 +82,7 @@ def checked_contribution(instruction: Message, reply: Message, context: Context)
     if ERROR in fitres.metrics:
         raise FedcondError(str(fitres.metrics[ERROR]))
     if compat.recorddict_to_fitins(instruction.content, keep_input=True).config.get(STEP) == STEP_STATISTICS:
-        return reply  # exact digits, already in range (fedcond.statistics_encoding)
+        return reply  # exact digits, already in range (fedcond.fingerprint.statistics_encoding)
     protocol = context.state.config_records[RECORD_KEY_STATE]
     clipping_range, max_weight = float(protocol["clipping_range"]), float(protocol["max_weight"])  # type: ignore[arg-type]
     arrays = parameters_to_ndarrays(fitres.parameters)

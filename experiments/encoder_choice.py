@@ -4,7 +4,7 @@ The paper embeds CIFAR-10 images with a frozen encoder trained on CIFAR-100, whi
 copy here. For every candidate phi (``pixels``, an encoder trained on Fashion-MNIST, one trained on
 the fifth of CIFAR-10's training split that no client holds: ``cifar10-reserved``), on the same
 clients of E4b C=2 (CIFAR-10, 4 clusters; 5 and 25 clients per cluster, seed 0), this computes each
-client's fingerprint as the client does (``fedcond.client_data.client_fingerprint``), z-scores it
+client's fingerprint as the client does (``fedcond.data.client_data.client_fingerprint``), z-scores it
 with the clients' mean and standard deviation (federated normalisation's numbers), and reports:
 
 - between / within: mean distance between clients of different clusters over that within a cluster;
@@ -54,8 +54,8 @@ def scores(vectors: np.ndarray, clusters: np.ndarray, concepts: np.ndarray) -> d
 
 
 def measure(data_dir: str) -> list[str]:
-    from fedcond.client_data import client_fingerprint, load_client_data
     from fedcond.config import RunConfig
+    from fedcond.data.client_data import client_fingerprint, load_client_data
 
     lines = [
         "| clients per cluster | phi | between / within | 1-NN cluster | 1-NN concept | k-means ARI |",

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcond import fingerprint as fp
-from fedcond.client_data import rotate_images
-from fedcond.datasets import load_dataset
+from fedcond.data.client_data import rotate_images
+from fedcond.data.datasets import load_dataset
+from fedcond.fingerprint import fingerprints as fp
 from fedcond.tools.experiment import script_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def measure(data_dir: str, samples: int = 2000, dim: int = 32) -> list[tuple[str
 
 def study_federations(data_dir: str) -> dict[str, object]:
     """One configuration per distinct federation of the study's grid files, by experiment label."""
-    from fedcond.scenarios import split_settings
+    from fedcond.data.scenarios import split_settings
     from fedcond.tools.experiment import plan, read_grid_file
     from fedcond.tools.flwr_commands import default_config
 
@@ -83,7 +83,7 @@ def separation(data_dir: str) -> list[str]:
     of the same cluster, in the fingerprint the model would be fed (z-scored with the training
     clients' statistics, as federated normalisation does), and whether each held-out client's nearest
     training client is of its own cluster."""
-    from fedcond.client_data import load_client_data
+    from fedcond.data.client_data import load_client_data
 
     lines = [
         "| experiment | fingerprint | between / within cluster distance | held-out nearest neighbour in own cluster |",

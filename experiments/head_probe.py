@@ -69,7 +69,7 @@ def client_outputs(model, images: np.ndarray, condition: np.ndarray | None) -> t
     layers feeds both, the labels computed from the features as the model's ``forward`` does."""
     import torch
 
-    from fedcond.models import conditioned_logits
+    from fedcond.model.networks import conditioned_logits
 
     first, activation, _ = model.classifier
     cond = None if condition is None else torch.from_numpy(condition).float()[None]
@@ -84,12 +84,12 @@ def client_outputs(model, images: np.ndarray, condition: np.ndarray | None) -> t
 
 
 def probe_run(folder: Path, data_dir: str) -> tuple[Any, dict[str, float]]:
-    from fedcond import fingerprint as fp
-    from fedcond.checkpoint import GLOBAL_MODEL, load_checkpoint, recorded_settings, run_info
-    from fedcond.client_data import client_fingerprint, load_client_data
     from fedcond.config import RunConfig
+    from fedcond.data.client_data import client_fingerprint, load_client_data
+    from fedcond.fingerprint import fingerprints as fp
     from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, array_from_bytes
-    from fedcond.models import build_run_model, set_weights
+    from fedcond.model.networks import build_run_model, set_weights
+    from fedcond.records.checkpoint import GLOBAL_MODEL, load_checkpoint, recorded_settings, run_info
     from strategies.registry import declared_options
 
     info = run_info(folder)

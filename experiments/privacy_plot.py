@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedcond.history import run_status
+from fedcond.records.history import run_status
 from fedcond.tools.experiment import EXPERIMENT_FILE, failed_runs, load_experiment, runs_not_started
 
 

@@ -1,8 +1,18 @@
 """fedcond: client-conditional federated learning on Flower.
 
-The flow, one module per step: ``datasets`` -> ``scenarios`` -> ``client_data`` -> ``fingerprint``
--> ``models`` -> ``training``; Flower's adapters live in the top-level ``clients`` and
-``strategies`` packages, and ``methods`` pairs them by name; ``history`` records each round.
+The core, by concern (none of it imports Flower's layer):
+
+- ``data``: datasets, the paper's shift scenarios, each client's partition, drift.
+- ``fingerprint``: what a client computes on its own training data (eigenvalues and the others),
+  the fixed encoder it reads images through, the fixed-point encoding of the federated statistics.
+- ``model``: the networks, how a model takes a fingerprint (``model.conditioning``), local training
+  and scoring, aggregation and the server optimiser.
+- ``privacy``: sample-level DP, the secure-aggregation settings, the fingerprint inversion attack.
+- ``records``: what a run leaves (history.csv, run.json, checkpoints, provenance, live curves, metrics).
+
+Beside them: ``config`` (the run's settings), ``variants``, ``newcomers``, ``stopping``, ``pooled``
+(the paper's pooled protocol). Flower's adapters live in the top-level ``clients`` and ``strategies``
+packages; ``tools`` is the command line on top of everything.
 """
 
 __version__ = "0.1.0"

@@ -15,10 +15,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedcond.conditioning import HYPER_INITS, check_condition_scale, check_conditioning
-from fedcond.drift import check_drift
+from fedcond.data.drift import check_drift
 from fedcond.errors import FedcondError
-from fedcond.fingerprint import check_fingerprint
+from fedcond.fingerprint.fingerprints import check_fingerprint
+from fedcond.model.conditioning import HYPER_INITS, check_condition_scale, check_conditioning
 
 NORMALISATIONS = ("none", "log", "federated")
 LAYOUTS = ("auto", "true", "false")
@@ -59,7 +59,7 @@ def setting(
     ``number_words``: a word setting that also takes a number (``condition-scale = 0.5``), kept as its text.
     ``choices``: ``module:TABLE``, the one table whose keys are the setting's values; the help shown
     (``fedcond settings``, docs/settings.md) lists them from it, so no help text offers a value the
-    table lacks. A name, not the table: ``fedcond.scenarios`` imports this module.
+    table lacks. A name, not the table: ``fedcond.data.scenarios`` imports this module.
     """
     metadata = {
         "help": help,
@@ -86,10 +86,13 @@ class RunConfig:
         "digits",
         "run",
         "the clients' data: images, or the appendix's tabular tasks ([data.md](data.md))",
-        choices="fedcond.datasets:DATASETS",
+        choices="fedcond.data.datasets:DATASETS",
     )
     scenario: str = setting(
-        "label-shift", "run", "how clients differ; the README's Scenarios table", choices="fedcond.scenarios:SCENARIOS"
+        "label-shift",
+        "run",
+        "how clients differ; the README's Scenarios table",
+        choices="fedcond.data.scenarios:SCENARIOS",
     )
     num_clusters: int = setting(3, "run", "K; at most the number of classes")
     clients_per_cluster: int = setting(
@@ -169,7 +172,7 @@ class RunConfig:
         "fingerprint",
         "what each client computes: `eigen` is the paper's, `eigen-x` reads no labels, `random-id` and "
         "`cluster-id` are controls ([fingerprints.md](fingerprints.md))",
-        choices="fedcond.fingerprint:FINGERPRINTS",
+        choices="fedcond.fingerprint.fingerprints:FINGERPRINTS",
     )
     conditioning: str = setting(
         "concat",
@@ -177,7 +180,7 @@ class RunConfig:
         "how the model takes it: `concat` is the paper's; on a tabular task `concat`, `lin` and `ens` are the "
         "appendix's MLP, Lin and Ens; `lin` conditions tabular models only (one module each in "
         "`fedcond/conditioning`)",
-        choices="fedcond.conditioning:MECHANISMS",
+        choices="fedcond.model.conditioning:MECHANISMS",
     )
     condition_scale: str = setting(
         "none",
@@ -325,7 +328,7 @@ class RunConfig:
 
     def resolved(self) -> RunConfig:
         """A copy with "dataset default" (0) settings replaced by the dataset's values."""
-        from fedcond.datasets import dataset_spec
+        from fedcond.data.datasets import dataset_spec
 
         spec = dataset_spec(self.dataset)
         return self.replace(
@@ -338,7 +341,7 @@ class RunConfig:
     def uses_channels_last(self) -> bool:
         """Whether the CNN trains and evaluates in the channels-last layout (``auto``: the dataset's default)."""
         if self.channels_last == "auto":
-            from fedcond.datasets import dataset_spec
+            from fedcond.data.datasets import dataset_spec
 
             return dataset_spec(self.dataset).channels_last
         return self.channels_last == "true"

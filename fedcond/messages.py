@@ -52,12 +52,12 @@ VALIDATION_KEYS = (VALIDATION_ACCURACY, VALIDATION_EXAMPLES)
 #: after that many local steps on its own training data (fedcond.newcomers).
 ADAPTED_ACCURACY = "adapted-accuracy"
 #: In a final round's evaluate reply with per-class-accuracy: the client's correct predictions and
-#: test samples per class (int64 arrays as bytes; fedcond.metrics.class_accuracy).
+#: test samples per class (int64 arrays as bytes; fedcond.records.metrics.class_accuracy).
 CLASS_CORRECT = "class-correct"
 CLASS_COUNT = "class-count"
 INT64 = "<i8"
 #: In a CFL newcomer's evaluate message: the shape of the parameter tree its arrays hold
-#: (fedcond.parameter_tree.header).
+#: (fedcond.model.parameter_tree.header).
 PARAMETER_TREE = "parameter-tree"
 
 FLOAT64 = "<f8"

@@ -11,7 +11,7 @@ only the k steps teach it), Gossip a random training client's model (its one ran
 uniform average of the ``dac-neighbours`` training clients' models with the lowest loss on the
 newcomer's training data (DAC's similarity for a client with no model of its own to compare),
 descriptor clustering the model of the cluster nearest the descriptor it sends before round 1, CFL
-the leaf of the parameter tree its own updates lead it to (``fedcond.parameter_tree``), pFedHN the
+the leaf of the parameter tree its own updates lead it to (``fedcond.model.parameter_tree``), pFedHN the
 mean embedding's model and, with ``newcomer-steps``, that of an embedding it learns in as many
 exchanges with the hypernetwork frozen (``strategies.pfedhn``: its k steps are embedding steps).
 """

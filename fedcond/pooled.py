@@ -19,7 +19,7 @@ contribute training samples nor to the normalisation statistics; they are evalua
 own fingerprint (``pooled-conditional``) or their cluster's model (``pooled-oracle``), which asks
 whether the pooled model learnt to *describe* a distribution or to *identify* the training clients.
 
-After every round the run's checkpoint (``fedcond.checkpoint``) is replaced: the models, their
+After every round the run's checkpoint (``fedcond.records.checkpoint``) is replaced: the models, their
 optimisers' state (momentum) and batch-order generators, and the history, so that ``resume=``
 continues one centralised run exactly where it stopped.
 
@@ -37,8 +37,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedcond import fingerprint as fp
-from fedcond.checkpoint import (
+from fedcond.config import RunConfig
+from fedcond.data.client_data import ClientData, client_fingerprint, load_client_data
+from fedcond.data.scenarios import scenario_for
+from fedcond.errors import FedcondError
+from fedcond.fingerprint import fingerprints as fp
+from fedcond.model.device import pick_device
+from fedcond.model.networks import Network, build_run_model, get_weights, set_weights
+from fedcond.model.training import MomentumSGD, TrainSettings, check_not_diverged, evaluate, new_optimiser, run_epochs
+from fedcond.records.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
     check_resume,
@@ -48,15 +55,8 @@ from fedcond.checkpoint import (
     run_info,
     save_checkpoint,
 )
-from fedcond.client_data import ClientData, client_fingerprint, load_client_data
-from fedcond.config import RunConfig
-from fedcond.device import pick_device
-from fedcond.errors import FedcondError
-from fedcond.history import RoundRecord, RunRecorder, failures_recorded, open_run, reopen_run
-from fedcond.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
-from fedcond.models import Network, build_run_model, get_weights, set_weights
-from fedcond.scenarios import scenario_for
-from fedcond.training import MomentumSGD, TrainSettings, check_not_diverged, evaluate, new_optimiser, run_epochs
+from fedcond.records.history import RoundRecord, RunRecorder, failures_recorded, open_run, reopen_run
+from fedcond.records.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
 
 
 @dataclass(frozen=True)

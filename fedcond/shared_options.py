@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedcond import privacy, secagg_settings, server_optimiser
 from fedcond.config import Option
-from fedcond.metrics import PER_CLASS_ACCURACY
+from fedcond.model import server_optimiser
 from fedcond.newcomers import NEWCOMER_STEPS
+from fedcond.privacy import dp as privacy
+from fedcond.privacy import secure_aggregation as secagg_settings
+from fedcond.records.metrics import PER_CLASS_ACCURACY
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ CLIENT_SHARED = (
     SharedOptions("evaluation", EVERY_METHOD, (PER_CLASS_ACCURACY,)),
 )
 CLIENT_SHARED_OPTIONS = tuple(option for group in CLIENT_SHARED for option in group.options)
-#: FedAvgM on the server (``fedcond.server_optimiser``): one meaning for every method whose server
+#: FedAvgM on the server (``fedcond.model.server_optimiser``): one meaning for every method whose server
 #: averages a model; the others refuse a changed value (their strategy's ``server_step_refusal``). The
 #: server alone reads it: a ClientApp keeps it as given.
 SERVER_OPTIMISER = SharedOptions("server-optimiser", server_optimiser.OWNER, server_optimiser.OPTIONS)

@@ -52,7 +52,7 @@ VARIANTS = {
         ),
     ),
     # scaled-hyper-momentum with the server fitting the generated head by ridge regression instead of
-    # averaging it (fedcond/head_fit.py, docs/instability.md): no loss on digits, where averaging
+    # averaging it (fedcond/model/head_fit.py, docs/instability.md): no loss on digits, where averaging
     # mixes five groups' heads.
     "scaled-hyper-ridge": Variant(
         "conditional",

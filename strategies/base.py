@@ -29,11 +29,9 @@ from flwr.server.strategy import Strategy
 from flwr.serverapp.grid import Grid
 
 from fedcond import stopping
-from fedcond.aggregation import Model, StreamingAverage
-from fedcond.checkpoint import GLOBAL_MODEL, Checkpoint
 from fedcond.config import Option, RunConfig
+from fedcond.data.scenarios import Scenario, drift_partners_of
 from fedcond.errors import FedcondError
-from fedcond.history import RoundRecord, RunRecorder, dataset_metric
 from fedcond.messages import (
     ACCURACY,
     CLASS_CORRECT,
@@ -48,13 +46,15 @@ from fedcond.messages import (
     VALIDATION_KEYS,
     array_from_bytes,
 )
-from fedcond.metrics import class_accuracy
-from fedcond.models import build_run_model, get_weights
+from fedcond.model.aggregation import Model, StreamingAverage
+from fedcond.model.networks import build_run_model, get_weights
+from fedcond.model.training import check_not_diverged
 from fedcond.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundParticipation
-from fedcond.privacy import SampleLevelPrivacy
-from fedcond.scenarios import Scenario, drift_partners_of
-from fedcond.secagg_settings import SecureAggregation
-from fedcond.training import check_not_diverged
+from fedcond.privacy.dp import SampleLevelPrivacy
+from fedcond.privacy.secure_aggregation import SecureAggregation
+from fedcond.records.checkpoint import GLOBAL_MODEL, Checkpoint
+from fedcond.records.history import RoundRecord, RunRecorder, dataset_metric
+from fedcond.records.metrics import class_accuracy
 from strategies.federation import NODE_TIMEOUT, ROUND_TIMEOUT, all_clients, message_timeout
 from strategies.membership import Membership, PartitionProxy
 from strategies.round_tracking import (
@@ -215,7 +215,7 @@ class FedcondStrategy(Strategy):
     reply_parts: ClassVar[tuple[str, ...]] = ()
     #: Why this strategy's server has no average of a model for FedAvgM to step, as ``check_run`` words
     #: its refusal of ``server-momentum`` and ``server-learning-rate`` (None: it has one and steps it,
-    #: ``fedcond.server_optimiser``).
+    #: ``fedcond.model.server_optimiser``).
     server_step_refusal: ClassVar[str | None] = "its server averages no model"
     #: Whether each client's update is one model that the server averages into one global model:
     #: what Flower's client-level DP wrappers clip and noise (``strategies/client_dp.py``).
@@ -241,7 +241,7 @@ class FedcondStrategy(Strategy):
         self.fit_stream: StreamingAverage | None = None
         self._stream_lock = threading.Lock()
         # SecAgg+ hands the server no fit reply, only the sum: an evaluation cannot ride in one.
-        # A drift run scores each round's model on the data the clients hold in that round (fedcond.drift).
+        # A drift run scores each round's model on the data the clients hold in that round (fedcond.data.drift).
         self.evaluates_in_fit = EVALUATE_IN_FIT.of(config) and not self.secure.model_updates and not config.drift_round
         #: This round's training clients (``strategies.sampling``).
         self.sampled: list[int] = list(self.training_partitions)
@@ -468,7 +468,7 @@ class FedcondStrategy(Strategy):
         return self.combine(server_round, answered), {}
 
     def check_not_diverged(self, server_round: int) -> None:
-        """Stop the run when the round's mean training loss exploded (``fedcond.training``)."""
+        """Stop the run when the round's mean training loss exploded (``fedcond.model.training``)."""
         # Before round 1's row, and without a recorder, the round's own loss is the first.
         recorder = self.inputs.recorder
         first = recorder.first_train_loss if recorder is not None and recorder.records else self.tracker.train_loss

@@ -25,7 +25,7 @@ Where fedcond deviates, and why:
   largest 0.68-2.68 over rounds 1-8, and never fell below 0.4 after round 5, so the default ε1 is
   0.8 (docs/baselines.md). Each round's two norms per cluster are in run.json (``cfl-norms``), to
   set them for another setting.
-- A newcomer is placed by the paper's parameter tree (``fedcond.parameter_tree``): it receives the
+- A newcomer is placed by the paper's parameter tree (``fedcond.model.parameter_tree``): it receives the
   leaves' models and every split's pre-split model and side directions in one message and walks down
   the tree itself, one local training per level, comparing its update with the mean unit update of
   each side's clients (the paper: with each cached client update; the mean gives their mean
@@ -41,12 +41,12 @@ import numpy as np
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from sklearn.cluster import AgglomerativeClustering
 
-from fedcond.aggregation import Model, vector_cosine_similarities
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.messages import PARAMETER_TREE
-from fedcond.models import build_run_model, get_weights, trained_arrays
-from fedcond.parameter_tree import Split, header, pack, side_directions, weight_update
+from fedcond.model.aggregation import Model, vector_cosine_similarities
+from fedcond.model.networks import build_run_model, get_weights, trained_arrays
+from fedcond.model.parameter_tree import Split, header, pack, side_directions, weight_update
 from fedcond.participation import EVALUATE
 from strategies.base import StrategyInputs
 from strategies.cluster_models import ClusterModels
@@ -212,7 +212,7 @@ METHOD = Declaration(
         "but suits none (K not given)", "its cluster's model", "as FedAvg; a newcomer its parameter tree",
         "the leaf of the parameter tree its own updates lead it to: at each split on its way it trains the split's "
         "model and follows the side whose clients' updates its own agrees with ([baselines.md](baselines.md#cfl))",
-        "`CflStrategy.instruction`, `CflClient`, `fedcond/parameter_tree.py`", "split tree",
+        "`CflStrategy.instruction`, `CflClient`, `fedcond/model/parameter_tree.py`", "split tree",
         "keeps the cluster it was split into (CFL splits, it never merges or moves a client)",
         server_state=True,
     ),

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from fedcond import privacy, secagg_settings
-from fedcond.checkpoint import check_resume, resume_folder
 from fedcond.config import RunConfig
-from fedcond.datasets import dataset_spec
+from fedcond.data.datasets import dataset_spec
+from fedcond.data.scenarios import scenario_for, scenario_kind, validate_without_data
 from fedcond.errors import FedcondError
-from fedcond.fingerprint import check_label_free
-from fedcond.models import has_batch_norm
+from fedcond.fingerprint.fingerprints import check_label_free
+from fedcond.model.networks import has_batch_norm
+from fedcond.model.server_optimiser import POOLED_REFUSAL, check_server_optimiser
 from fedcond.newcomers import NEWCOMER_STEPS
-from fedcond.scenarios import scenario_for, scenario_kind, validate_without_data
-from fedcond.server_optimiser import POOLED_REFUSAL, check_server_optimiser
+from fedcond.privacy import dp as privacy
+from fedcond.privacy import secure_aggregation as secagg_settings
+from fedcond.records.checkpoint import check_resume, resume_folder
 from strategies import client_dp
 from strategies.registry import (
     Method,
@@ -43,8 +44,8 @@ def check_run(
 
     ``RunConfig`` has already checked each value on its own; this checks how they fit together
     (dataset, scenario, encoder, method, held-out clients) and, with ``resume``, that the run it
-    names can go on with these settings (``fedcond.checkpoint.check_resume``). With ``load_data`` it also reads and
-    splits the data, so missing files or clients with too few samples stop the run here too.
+    names can go on with these settings (``fedcond.records.checkpoint.check_resume``). With ``load_data``
+    it also reads and splits the data, so missing files or clients with too few samples stop the run here too.
 
     ``shared_options``: method settings a comparison gives every run, for the methods among it that
     read them (``ifca-models`` in a compare of IFCA beside FedAvg); another method's run ignores them.

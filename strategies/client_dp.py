@@ -36,13 +36,13 @@ from flwr.supercore.differential_privacy import add_gaussian_noise_to_params, co
 from torch import nn
 
 from fedcond.config import Option, RunConfig
-from fedcond.datasets import dataset_spec
+from fedcond.data.datasets import dataset_spec
 from fedcond.errors import FedcondError
-from fedcond.models import build_run_model
+from fedcond.model.networks import build_run_model
+from fedcond.model.server_optimiser import is_plain_fedavg
 from fedcond.participation import FIT
-from fedcond.privacy import DP_DELTA, check_delta, gaussian_rounds_epsilon
-from fedcond.secagg_settings import SecureAggregation
-from fedcond.server_optimiser import is_plain_fedavg
+from fedcond.privacy.dp import DP_DELTA, check_delta, gaussian_rounds_epsilon
+from fedcond.privacy.secure_aggregation import SecureAggregation
 from strategies.base import FedcondStrategy
 from strategies.round_tracking import Failures, answered_replies
 from strategies.sampling import clients_per_round

@@ -10,11 +10,11 @@ from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, para
 from flwr.server.client_manager import ClientManager
 from sklearn.metrics import adjusted_rand_score
 
-from fedcond.aggregation import Model, average_per_group
 from fedcond.config import Option, RunConfig
-from fedcond.descriptor_clustering import DescriptorClusters, cluster_descriptors
-from fedcond.drift import cluster_at
+from fedcond.data.drift import cluster_at
+from fedcond.data.scenarios import drift_partners_of
 from fedcond.errors import FedcondError
+from fedcond.fingerprint.descriptor_clustering import DescriptorClusters, cluster_descriptors
 from fedcond.messages import (
     CHOICE,
     DESCRIPTOR,
@@ -24,10 +24,10 @@ from fedcond.messages import (
     STEP_DESCRIPTOR,
     array_from_bytes,
 )
-from fedcond.models import build_run_model, trained_arrays
+from fedcond.model.aggregation import Model, average_per_group
+from fedcond.model.networks import build_run_model, trained_arrays
+from fedcond.model.server_optimiser import PerModelMomentum
 from fedcond.participation import EVALUATE, FIT
-from fedcond.scenarios import drift_partners_of
-from fedcond.server_optimiser import PerModelMomentum
 from strategies.base import FedcondStrategy, StrategyInputs, initial_weights
 from strategies.federation import ask_all, message_timeout
 
@@ -38,7 +38,7 @@ class ClusterModels(FedcondStrategy):
     A round needs at least one answering client per model (K), whatever ``min-answered-fraction``
     allows; a model none of whose clients answered keeps its parameters for that round.
 
-    With ``server-momentum`` (FedAvgM, ``fedcond.server_optimiser``) each model is its own FedAvgM
+    With ``server-momentum`` (FedAvgM, ``fedcond.model.server_optimiser``) each model is its own FedAvgM
     stream: its new parameters are the server's step from the model its clients received along its
     round's average, and a model that got no reply keeps its parameters and its velocity. The
     velocities are part of the checkpoint.
@@ -64,7 +64,7 @@ class ClusterModels(FedcondStrategy):
         """The Adjusted Rand Index of ``labels`` (the clusters found or chosen) against ``truth`` (the
         server's scenario, never sent by a client), into this round's record. NaN where the scenario
         has no clusters (a Dirichlet or pathological partition): there is nothing to recover."""
-        from fedcond.scenarios import scenario_kind
+        from fedcond.data.scenarios import scenario_kind
 
         if not scenario_kind(self.inputs.config.scenario).clustered:
             return math.nan
@@ -96,7 +96,7 @@ class ClusterModels(FedcondStrategy):
 
     def true_clusters_at(self, server_round: int) -> dict[int, int]:
         """Each client's true cluster in ``server_round`` (the simulation's scenario, which no client
-        sends): its own, or its drift partner's from drift-round on (fedcond.drift)."""
+        sends): its own, or its drift partner's from drift-round on (fedcond.data.drift)."""
         config, clusters = self.inputs.config, self.inputs.true_clusters
         partners = drift_partners_of(config)
         return {
@@ -152,7 +152,7 @@ class OracleStrategy(ClusterModels):
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> Any:
         # Oracle is told: from drift-round on, a drifting client is served (and averaged into) the cluster
-        # whose data it now holds (fedcond.drift). Set before this round's fit and evaluate instructions.
+        # whose data it now holds (fedcond.data.drift). Set before this round's fit and evaluate instructions.
         if self.inputs.config.drift_round:
             self.assignment = self.true_clusters_at(server_round)
         return super().configure_fit(server_round, parameters, client_manager)
@@ -239,7 +239,7 @@ class DescriptorClusteringStrategy(ClusterModels):
     """Descriptor clustering in the style of FLUX (Fenoglio et al., NeurIPS 2025): before round 1 every
     client, newcomers included, sends a descriptor of its training data (``clients.descriptor_clustering``);
     the server clusters the training clients' descriptors with DBSCAN, which finds K itself
-    (``fedcond.descriptor_clustering``), then runs FedAvg within each cluster found (as Oracle does within
+    (``fedcond.fingerprint.descriptor_clustering``), then runs FedAvg within each cluster found (as Oracle does within
     the true ones). A newcomer is served the model of the cluster whose centroid is nearest to its
     descriptor (FLUX's test-time assignment; label-free with ``fingerprint = "eigen-x"``). The clusters
     are found once: a drifting client keeps its cluster. FLUX's descriptors are latent means and
@@ -261,9 +261,9 @@ class DescriptorClusteringStrategy(ClusterModels):
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
-        from fedcond import fingerprint as fp
-        from fedcond.privacy import FINGERPRINT_EPSILON
-        from fedcond.scenarios import scenario_kind
+        from fedcond.data.scenarios import scenario_kind
+        from fedcond.fingerprint import fingerprints as fp
+        from fedcond.privacy.dp import FINGERPRINT_EPSILON
 
         if not fp.fingerprint_spec(config.fingerprint).needs_data:
             raise FedcondError(

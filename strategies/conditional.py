@@ -5,7 +5,7 @@ every training client's (f, f^2, 1) through Flower's SecAgg+ and sends every cli
 standard deviation that result (``clients/conditional.py`` computes and normalises its own
 fingerprint with them). Rounds are FedAvg's (``strategies/fedavg.py``); with ``head-fit = "ridge"``
 the output layer's generator is not averaged but ridge-fitted to the clients' head changes from the
-same means (``fedcond/head_fit.py``).
+same means (``fedcond/model/head_fit.py``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import numpy as np
 from flwr.common import FitIns, Parameters
 from flwr.server.client_manager import ClientManager
 
-from fedcond import fingerprint as fp
-from fedcond import head_fit
-from fedcond import statistics_encoding as statistics
-from fedcond.aggregation import Model
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.fingerprint import fingerprints as fp
+from fedcond.fingerprint import statistics_encoding as statistics
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
-from fedcond.models import run_fingerprint_size
+from fedcond.model import head_fit
+from fedcond.model.aggregation import Model
+from fedcond.model.networks import run_fingerprint_size
 from fedcond.newcomers import NEWCOMER_FINGERPRINT, NEWCOMER_FINGERPRINTS
 from fedcond.participation import STATISTICS, RoundParticipation
 from strategies.base import EMPTY
@@ -33,7 +33,7 @@ from strategies.membership import PartitionProxy
 
 def check_newcomer_fingerprint(config: RunConfig) -> None:
     """``newcomer-fingerprint``: a known value, and for ``other-concept`` newcomers in clusters to swap."""
-    from fedcond.scenarios import scenario_kind
+    from fedcond.data.scenarios import scenario_kind
 
     value = NEWCOMER_FINGERPRINT.of(config)
     if value not in NEWCOMER_FINGERPRINTS:
@@ -114,7 +114,7 @@ class ConditionalFedAvg(FedcondFedAvg):
 
     def publish_fingerprint_statistics(self, client_manager: ClientManager) -> None:
         """The federation's fingerprint mean and std from SecAgg+'s sum of every training client's
-        (f, f^2, 1) (exact digits: fedcond.statistics_encoding), into every later instruction. A client that
+        (f, f^2, 1) (exact digits: fedcond.fingerprint.statistics_encoding), into every later instruction. A client that
         drops out is left out of the statistics; fewer than ``secagg-min-clients`` stop the run."""
         config = self.inputs.config
         num_classes = self.inputs.num_classes

@@ -6,10 +6,10 @@ from typing import Any
 
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedcond.aggregation import Model, weighted_average
-from fedcond.checkpoint import GLOBAL_MODEL
-from fedcond.models import build_run_model, get_weights, trained_arrays
-from fedcond.server_optimiser import ServerMomentum
+from fedcond.model.aggregation import Model, weighted_average
+from fedcond.model.networks import build_run_model, get_weights, trained_arrays
+from fedcond.model.server_optimiser import ServerMomentum
+from fedcond.records.checkpoint import GLOBAL_MODEL
 from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.declaration import GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
 
@@ -28,7 +28,7 @@ class FedcondFedAvg(FedcondStrategy):
     it the sample-weighted mean of the models of the clients that finished the protocol, which is the
     new global model as it is (up to SecAgg+'s quantisation).
 
-    With ``server-momentum`` (FedAvgM, ``fedcond.server_optimiser``) the average is not the new model
+    With ``server-momentum`` (FedAvgM, ``fedcond.model.server_optimiser``) the average is not the new model
     but the end of the round's update, on which the server takes its own heavy-ball step; the
     velocity is part of the checkpoint.
     """

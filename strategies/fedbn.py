@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fedcond.config import RunConfig
-from fedcond.datasets import dataset_spec
+from fedcond.data.datasets import dataset_spec
 from fedcond.errors import FedcondError
-from fedcond.models import has_batch_norm
+from fedcond.model.networks import has_batch_norm
 from strategies.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
 from strategies.fedavg import FedcondFedAvg
 

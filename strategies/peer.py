@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedcond.aggregation import (
+from fedcond.model.aggregation import (
     DAC_NEIGHBOURS,
     Model,
     cosine_similarities,
@@ -16,8 +16,8 @@ from fedcond.aggregation import (
     random_pairs,
     top_k_neighbours,
 )
-from fedcond.model_store import CLIENT_MODELS_MEMORY_MB, SPILL_FOLDER, SpillingModels
-from fedcond.models import build_run_model, get_weights, trained_arrays
+from fedcond.model.networks import build_run_model, get_weights, trained_arrays
+from fedcond.model.store import CLIENT_MODELS_MEMORY_MB, SPILL_FOLDER, SpillingModels
 from fedcond.newcomers import random_peer
 from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.round_tracking import parameters_bytes
@@ -31,7 +31,7 @@ class PeerToPeer(FedcondStrategy):
 
     A real deployment keeps each model on its client; this server holds at most
     ``client-models-memory-mb`` of them in memory and the rest in the run folder
-    (``fedcond.model_store.SpillingModels``), so that a federation of thousands of sampled clients fits.
+    (``fedcond.model.store.SpillingModels``), so that a federation of thousands of sampled clients fits.
     """
 
     options = (CLIENT_MODELS_MEMORY_MB,)

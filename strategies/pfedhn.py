@@ -1,5 +1,5 @@
 """pFedHN (Shamsian et al., ICML 2021): a hypernetwork on the server generates each client's model
-from that client's learned embedding (``fedcond.hypernetwork``).
+from that client's learned embedding (``fedcond.model.hypernetwork``).
 
 Every round each training client receives the model generated from its embedding, trains it as
 FedAvg's client does and returns it; the server then takes one hypernetwork step per reply, in
@@ -15,14 +15,14 @@ Where fedcond deviates, and why:
   frozen, as the paper adapts a novel client: before each round's evaluation the server exchanges k
   training instructions with each newcomer, each one SGD step on the newcomer's data from the model
   its current embedding generates, and moves only the embedding along the update
-  (``fedcond.hypernetwork.NewcomerEmbedding``; every method's newcomer takes its k steps on the same
+  (``fedcond.model.hypernetwork.NewcomerEmbedding``; every method's newcomer takes its k steps on the same
   samples). The embedding starts again from the mean each round: the adapted score is that round's
   hypernetwork after k steps, as another method's is its model after k steps.
 - The server's learning rate defaults to 0.002, not the paper's 0.01: with this project's clients
   (5 local epochs of SGD 0.01/0.9 on digits) and one step per client in turn, 0.01 diverged (a
   client's training loss inf in round 4 of digits E1 K=3); 0.005 and 0.002 trained (0.52 and 0.64
   after 10 rounds, docs/baselines.md). The heads start at a tenth of PyTorch's scale with the seeded
-  model as their bias (``fedcond.hypernetwork``), so round 1 starts from FedAvg's model.
+  model as their bias (``fedcond.model.hypernetwork``), so round 1 starts from FedAvg's model.
 - With ``per-client`` every step of a round but the first uses an update computed before the round's
   first step. With many clients a round that diverges: 50 clients of pFedHN's own MNIST setting
   diverged at 0.01 and at 0.002, where 2 sampled clients a round (``clients-per-round=2``) at the
@@ -30,7 +30,7 @@ Where fedcond deviates, and why:
   from the hypernetwork that generated it.
 - Only the target's parameters are generated. fedcond's CIFAR CNN has batch norm (the paper's LeNet
   has none): each client is served the running statistics it returned last, a newcomer their mean
-  (``fedcond.hypernetwork``). Generated like weights, a running variance went negative and every
+  (``fedcond.model.hypernetwork``). Generated like weights, a running variance went negative and every
   CIFAR-10 evaluation NaN (docs/baselines.md).
 - The embedding size is a setting (``pfedhn-embedding-dim``, 13: the paper's 1 + N/4 for its 50
   clients), not derived from the number of clients.
@@ -45,10 +45,8 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.server import fit_clients
 
-from fedcond.aggregation import Model
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
 from fedcond.messages import (
     NEWCOMER_STEP,
     PAYLOAD_PARTS,
@@ -57,10 +55,12 @@ from fedcond.messages import (
     STEP_NEWCOMER_EMBEDDING,
     pack_parts,
 )
-from fedcond.models import build_run_model
+from fedcond.model.aggregation import Model
+from fedcond.model.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
+from fedcond.model.networks import build_run_model
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.participation import FIT
-from fedcond.privacy import DP_NOISE_MULTIPLIER
+from fedcond.privacy.dp import DP_NOISE_MULTIPLIER
 from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.declaration import Declaration, Facts
 from strategies.federation import message_timeout

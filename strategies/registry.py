@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import CHECKPOINT_EVERY, RESUME
-from fedcond.live_curves import LIVE_CURVES
-from fedcond.model_store import CLIENT_STATE_DIR
+from fedcond.model.store import CLIENT_STATE_DIR
 from fedcond.pooled import POOLED_METHODS, not_a_federation
+from fedcond.records.history import CHECKPOINT_EVERY, RESUME
+from fedcond.records.live_curves import LIVE_CURVES
 from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SERVER_OPTIMISER, SharedOptions
 from fedcond.variants import VARIANTS, client_path, with_variant_settings
 from strategies.declaration import Declaration, Facts

@@ -14,9 +14,9 @@ from flwr.server import Server, SimpleClientManager
 from flwr.server.history import History
 
 from fedcond import stopping
-from fedcond.checkpoint import CHECKPOINT_FILE, GLOBAL_MODEL, Checkpoint, checkpoint_due, save_checkpoint
 from fedcond.errors import FedcondError
-from fedcond.history import RunRecorder
+from fedcond.records.checkpoint import CHECKPOINT_FILE, GLOBAL_MODEL, Checkpoint, checkpoint_due, save_checkpoint
+from fedcond.records.history import RunRecorder
 from strategies.base import FedcondStrategy
 from strategies.client_dp import ClientSideClientDp, ServerSideClientDp
 

@@ -11,7 +11,6 @@ from flwr.common import EvaluateRes, FitRes, Parameters
 from flwr.server.client_proxy import ClientProxy
 
 from fedcond.config import Option
-from fedcond.history import RoundRecord, RunRecorder
 from fedcond.messages import (
     ACCURACY,
     ADAPTED_ACCURACY,
@@ -21,8 +20,9 @@ from fedcond.messages import (
     VALIDATION_ACCURACY,
     VALIDATION_EXAMPLES,
 )
-from fedcond.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
 from fedcond.participation import Failure, RoundParticipation
+from fedcond.records.history import RoundRecord, RunRecorder
+from fedcond.records.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
 from strategies.federation import failure_reason
 from strategies.membership import PartitionProxy
 
@@ -103,7 +103,7 @@ class RoundTracker:
         self.recorder = recorder
         #: What the clients' score is (``DatasetSpec.metric``): which client is the worst, how rows print.
         self.metric = metric
-        #: The training clients that drift (fedcond.drift): their accuracy is also recorded apart.
+        #: The training clients that drift (fedcond.data.drift): their accuracy is also recorded apart.
         self.drifting = drifting
         self.true_clusters = tuple(true_clusters)
         self.num_rounds = num_rounds
@@ -151,7 +151,7 @@ class RoundTracker:
         if count_bytes:
             self.bytes_up += sum(parameters_bytes(res.parameters) for _, res in results)
         self.train_loss = weighted_mean((float(res.metrics[TRAIN_LOSS]), res.num_examples) for _, res in results)
-        # Sample-level DP: the worst-off client's cumulative epsilon (clients report it, fedcond.privacy).
+        # Sample-level DP: the worst-off client's cumulative epsilon (clients report it, fedcond.privacy.dp).
         spent = [float(res.metrics[EPSILON]) for _, res in results if EPSILON in res.metrics]
         self.epsilon = max(spent, default=float("nan"))
 

@@ -52,7 +52,7 @@ from flwr.supercore.run import Run
 from fedcond import stopping
 from fedcond.messages import EPSILON
 from fedcond.participation import FAILED, TIMED_OUT, RoundParticipation
-from fedcond.secagg_settings import MODULUS
+from fedcond.privacy.secure_aggregation import MODULUS
 from strategies.federation import classify_failure
 from strategies.membership import PartitionProxy
 

@@ -22,12 +22,16 @@ from flwr.server import Grid, ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.supercore.exit import add_exit_handler
 
-from fedcond import privacy, secagg_settings, stopping
-from fedcond.checkpoint import check_resumed_rounds, load_checkpoint, resume_folder, resumption_note, run_info
+from fedcond import stopping
 from fedcond.config import RunConfig
-from fedcond.encoder import load_encoder
+from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
-from fedcond.history import (
+from fedcond.fingerprint.encoder import load_encoder
+from fedcond.model.store import CLIENT_STATE_DIR, remove_run_state
+from fedcond.privacy import dp as privacy
+from fedcond.privacy import secure_aggregation as secagg_settings
+from fedcond.records.checkpoint import check_resumed_rounds, load_checkpoint, resume_folder, resumption_note, run_info
+from fedcond.records.history import (
     STOPPED_STATUS,
     RunRecorder,
     error_line,
@@ -36,8 +40,6 @@ from fedcond.history import (
     open_run,
     reopen_run,
 )
-from fedcond.model_store import CLIENT_STATE_DIR, remove_run_state
-from fedcond.scenarios import scenario_for
 from strategies import client_dp
 from strategies.base import FedcondStrategy, StrategyInputs
 from strategies.checks import check_run
@@ -164,7 +166,7 @@ def make_server_app(config: RunConfig | None = None) -> ServerApp:
             run_server(grid, settings, given)
         except stopping.Interrupted as interrupted:
             # A compare's or sweep's stop (Ctrl+C, SIGTERM): the round under way is dropped, the main
-            # thread shuts the run down and says so in run.json (fedcond.history.mark_stopped).
+            # thread shuts the run down and says so in run.json (fedcond.records.history.mark_stopped).
             print(f"fedcond: {interrupted}", file=sys.stderr, flush=True)
         except Exception as error:
             # Any failure (a FedcondError, or an unexpected one such as a client's error at the

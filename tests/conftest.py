@@ -34,7 +34,7 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def _decoded_datasets(tmp_path_factory):
-    """One folder of decoded datasets for the whole session (fedcond.datasets keys each copy by its
+    """One folder of decoded datasets for the whole session (fedcond.data.datasets keys each copy by its
     source files): each test's processes, Ray actors included, map the digits instead of decoding them."""
     return tmp_path_factory.mktemp("decoded")
 

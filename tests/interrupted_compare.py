@@ -123,7 +123,8 @@ def die_in_fit(folder: Path) -> None:
 def pause_in_checkpoint(folder: Path) -> None:
     import torch
 
-    from fedcond import checkpoint, stopping
+    from fedcond import stopping
+    from fedcond.records import checkpoint
 
     class WritingPaused:
         """``torch`` as the checkpoint module sees it: round 2's ``save`` waits, once, for the stop."""

@@ -24,9 +24,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from clients.app import make_client_app
 from fedcond.config import RunConfig
+from fedcond.data.scenarios import scenario_for
 from fedcond.participation import FIT, RoundParticipation
-from fedcond.scenarios import scenario_for
-from fedcond.secagg_settings import SecureAggregation
+from fedcond.privacy.secure_aggregation import SecureAggregation
 from strategies.base import StrategyInputs
 from strategies.membership import PartitionProxy
 from strategies.secagg_workflow import SecureSum, run_secure_sum, workflow_for

@@ -1,6 +1,6 @@
 """The adversary's tests: what an honest-but-curious server can read from what it receives.
 
-(a) The fingerprint reconstruction attack (fedcond.attack) on the messages a server gets: one plain
+(a) The fingerprint reconstruction attack (fedcond.privacy.attack) on the messages a server gets: one plain
 fit reply gives it the client's fingerprint; under SecAgg+ every masked reply, and the unmasked mean
 of a federation, give it nothing close to any client's. SecAgg+ runs for real here: Flower's
 workflow and fedcond's ClientApp, mods included, in one process (tests/secagg_harness.py).
@@ -19,13 +19,13 @@ from flwr.common import FitIns, MessageType, bytes_to_ndarray, ndarrays_to_param
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 
-from fedcond import fingerprint as fp
-from fedcond.attack import cosine_similarity, reconstruct_condition
-from fedcond.client_data import client_fingerprint, load_client_data
-from fedcond.conditioning import MECHANISMS, conditions
 from fedcond.config import RunConfig
+from fedcond.data.client_data import client_fingerprint, load_client_data
+from fedcond.fingerprint import fingerprints as fp
 from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, array_to_bytes
-from fedcond.models import build_run_model, get_weights
+from fedcond.model.conditioning import MECHANISMS, conditions
+from fedcond.model.networks import build_run_model, get_weights
+from fedcond.privacy.attack import cosine_similarity, reconstruct_condition
 from strategies.registry import run_config
 from tests.secagg_harness import FIRST_NODE_ID, InProcessGrid, secure_round
 

@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from fedcond.aggregation import vector_cosine_similarities
 from fedcond.errors import FedcondError
 from fedcond.messages import PARAMETER_TREE
-from fedcond.parameter_tree import MOVED, STAYED, Split, header, pack, unpack, walk
+from fedcond.model.aggregation import vector_cosine_similarities
+from fedcond.model.parameter_tree import MOVED, STAYED, Split, header, pack, unpack, walk
 from fedcond.participation import EVALUATE, FIT
 from strategies.cfl import bipartition
 from tests.test_method_rules import constant_model, decoded, reply, strategy_for

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedcond.cifar import CIFAR10_CLASSES, cache_dir
 from fedcond.config import RunConfig
-from fedcond.datasets import load_dataset
+from fedcond.data.cifar import CIFAR10_CLASSES, cache_dir
+from fedcond.data.datasets import load_dataset
+from fedcond.data.scenarios import build_scenario
 from fedcond.errors import FedcondError
-from fedcond.models import build_model
-from fedcond.scenarios import build_scenario
+from fedcond.model.networks import build_model
 
 
 def write_cifar10_folder(root, per_class=(6, 3), bands=False):
@@ -166,7 +166,7 @@ def test_combined_with_four_covariate_clusters_leaves_the_fourth_one_class(cifar
 def test_a_reserved_encoder_learns_from_images_no_client_holds(cifar10_dir, monkeypatch):
     """fingerprint-encoder=cifar10-reserved: a fifth of every class is held back from every client
     and is exactly what the encoder trains on; every other encoder leaves the split as it was."""
-    from fedcond import encoder
+    from fedcond.fingerprint import encoder
 
     dataset = load_dataset("cifar10", cifar10_dir)
     reserved = encoder.reserved_train_indices(dataset.train_y)
@@ -193,8 +193,8 @@ def test_a_reserved_encoder_learns_from_images_no_client_holds(cifar10_dir, monk
 
 
 def test_reserved_encoder_splits_are_recorded_and_partition_files_checked(cifar10_dir, tmp_path):
-    from fedcond.client_data import export_partitions, load_partition_file
-    from fedcond.scenarios import split_settings
+    from fedcond.data.client_data import export_partitions, load_partition_file
+    from fedcond.data.scenarios import split_settings
 
     config = RunConfig(dataset="cifar10", num_clusters=2, clients_per_cluster=2, data_dir=str(cifar10_dir))
     assert "fingerprint-encoder" not in split_settings(config)  # older partition files stay valid
@@ -210,8 +210,8 @@ def test_cifar10_clients_fingerprint_through_the_papers_cifar100_encoder(cifar10
     """fingerprint-encoder=cifar100, the paper's own choice, stays usable where CIFAR-100 is at hand:
     the encoder trains on CIFAR-100 (cached), CIFAR-10's split is untouched, and each client's
     fingerprint is read from its 128-d embedding, not its pixels."""
-    from fedcond import encoder
-    from fedcond.client_data import client_fingerprint, load_client_data
+    from fedcond.data.client_data import client_fingerprint, load_client_data
+    from fedcond.fingerprint import encoder
 
     write_cifar100_pickles(cifar10_dir)  # both datasets in one data-dir, as a user would lay them out
     monkeypatch.setitem(encoder.ENCODER_SETTINGS, "samples", 64)

@@ -14,9 +14,9 @@ from clients.conditional import ConditionalClient
 from clients.fedcond_client import LOCAL_NORM_KEY
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.feature_norm import local_state, local_state_names, recompute_statistics
 from fedcond.messages import SERVER_ROUND
-from fedcond.models import (
+from fedcond.model.feature_norm import local_state, local_state_names, recompute_statistics
+from fedcond.model.networks import (
     ConditioningSettings,
     build_model,
     build_run_model,
@@ -24,9 +24,9 @@ from fedcond.models import (
     get_weights,
     set_weights,
 )
+from fedcond.model.training import evaluate
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import InProcessNode, plain_sum, run_in_process
-from fedcond.training import evaluate
 from strategies.checks import check_run
 from strategies.registry import run_config
 from tests.test_cifar import write_cifar10_folder

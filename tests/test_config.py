@@ -2,10 +2,10 @@ import dataclasses
 
 import pytest
 
-from fedcond.conditioning import MECHANISMS
 from fedcond.config import Option, RunConfig
+from fedcond.data.scenarios import validate_without_data
 from fedcond.errors import FedcondError
-from fedcond.scenarios import validate_without_data
+from fedcond.model.conditioning import MECHANISMS
 from fedcond.tools.flwr_commands import default_config, parse_assignments
 from strategies.checks import check_run
 from strategies.registry import declared_options, get_method, run_config

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcond.datasets import IDX_FILES, dataset_spec, load_dataset, read_idx_gz
+from fedcond.data.datasets import IDX_FILES, dataset_spec, load_dataset, read_idx_gz
 from fedcond.errors import FedcondError
 
 SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
@@ -115,7 +115,7 @@ BALANCED = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabdefghnqrt"
 
 def write_fake_emnist(folder: Path, split: str = "balanced", characters: str = BALANCED, per_class: int = 2) -> None:
     """A tiny EMNIST in the canonical gzip files' format: images stored transposed, as EMNIST's are."""
-    from fedcond.datasets import emnist_files
+    from fedcond.data.datasets import emnist_files
 
     files = emnist_files(split)
     folder.mkdir(parents=True, exist_ok=True)
@@ -143,7 +143,7 @@ def test_emnist_loads_from_the_users_folder_upright_with_its_cases_as_superclass
 
 def test_emnist_three_clusters_are_digits_capitals_and_lowercase(tmp_path, monkeypatch):
     from fedcond.config import RunConfig
-    from fedcond.scenarios import build_scenario
+    from fedcond.data.scenarios import build_scenario
 
     monkeypatch.setenv("FEDCOND_CACHE_DIR", str(tmp_path / "cache"))
     write_fake_emnist(

@@ -1,4 +1,4 @@
-"""Descriptor clustering (fedcond.descriptor_clustering, strategies.cluster_models): DBSCAN finds K
+"""Descriptor clustering (fedcond.fingerprint.descriptor_clustering, strategies.cluster_models): DBSCAN finds K
 itself, noise and newcomers go to the nearest centroid, a clustering that finds nothing is refused,
 and with descriptors that recover the true clusters the method is Oracle, round for round."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from fedcond.descriptor_clustering import DescriptorClusters, cluster_descriptors
 from fedcond.errors import FedcondError
+from fedcond.fingerprint.descriptor_clustering import DescriptorClusters, cluster_descriptors
 
 
 def blobs(centres: list[float], per_blob: int, spread: float = 0.1, dim: int = 8, seed: int = 0) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Drifting clients (fedcond.drift): who moves, to whose data, from which round, and what each method
+"""Drifting clients (fedcond.data.drift): who moves, to whose data, from which round, and what each method
 does about it; bad drift settings are refused in one line before anything starts."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from fedcond.drift import drift_partners
+from fedcond.data.drift import drift_partners
+from fedcond.data.scenarios import drift_partners_of
 from fedcond.errors import FedcondError
 from fedcond.messages import SERVER_ROUND
-from fedcond.models import get_weights
-from fedcond.scenarios import drift_partners_of
+from fedcond.model.networks import get_weights
 from strategies.checks import check_run
 from strategies.registry import run_config
 from tests.test_method_rules import client_of, strategy_for

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
-from fedcond import encoder
-from fedcond.cifar import cache_dir
 from fedcond.config import RunConfig
+from fedcond.data.cifar import cache_dir
+from fedcond.data.scenarios import validate_without_data
 from fedcond.errors import FedcondError
-from fedcond.scenarios import validate_without_data
+from fedcond.fingerprint import encoder
 
 
 def test_grey_28px_images_become_rgb_32px():

@@ -13,7 +13,7 @@ import pytest
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import RoundRecord, RunRecorder, results_folder, run_status
+from fedcond.records.history import RoundRecord, RunRecorder, results_folder, run_status
 from fedcond.tools.cli import default_config, main
 from fedcond.tools.experiment import (
     METRIC_COLUMNS,
@@ -80,7 +80,7 @@ def test_metrics_csv_is_tidy_one_row_per_method_seed_round(tmp_path):
     ]  # fmt: skip
     # Who took part (history.csv's clients_* columns) follows the metrics: every run here has them.
     participation = ["clients_asked", "clients_answered", "clients_failed", "clients_timed_out", "clients_evaluated"]
-    # Then the code each run came from (fedcond.provenance): these runs know it.
+    # Then the code each run came from (fedcond.records.provenance): these runs know it.
     assert [*METRIC_COLUMNS, *participation, "code"] == reader.fieldnames[10:]
     for column in ("accuracy", "loss", "seconds", "bytes_down", "bytes_up", "ari"):
         assert column in reader.fieldnames
@@ -296,7 +296,7 @@ def test_every_grid_file_plans_at_full_size_and_has_a_quick_profile(grid):
     profile, a smaller check of the same pipeline."""
     import tomllib
 
-    from fedcond.paper import APPENDIX_TABLES
+    from fedcond.tools.paper import APPENDIX_TABLES
 
     full = plan(read_grid_file(grid), default_config(), Path("/nonexistent/runs"))
     quick = plan(read_grid_file(grid, "quick"), default_config(), Path("/nonexistent/runs"))

@@ -38,8 +38,8 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.server import evaluate_clients, fit_clients
 
+from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
-from fedcond.history import RunRecorder, results_folder
 from fedcond.messages import (
     ACCURACY,
     CHOICE,
@@ -51,9 +51,9 @@ from fedcond.messages import (
     PARTITION_ID,
     TRAIN_LOSS,
 )
+from fedcond.model.training import check_not_diverged
 from fedcond.participation import EVALUATE, FAILED, TIMED_OUT, RoundParticipation, required_answers
-from fedcond.scenarios import scenario_for
-from fedcond.training import check_not_diverged
+from fedcond.records.history import RunRecorder, results_folder
 from strategies.base import EMPTY, FedcondStrategy, StrategyInputs
 from strategies.federation import classify_failure, failure_reason
 from strategies.membership import Membership
@@ -454,7 +454,7 @@ def test_ifca_sends_every_model_to_a_client_that_has_not_chosen_yet():
 
 
 def test_ifca_client_evaluates_the_model_it_would_choose_when_given_all():
-    from fedcond.models import get_weights
+    from fedcond.model.networks import get_weights
     from tests.test_methods import client_of
 
     client = client_of("ifca")

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from fedcond.history import SPREAD_COLUMNS
-from fedcond.metrics import ClientEvaluation, Spread
+from fedcond.records.history import SPREAD_COLUMNS
+from fedcond.records.metrics import ClientEvaluation, Spread
 from fedcond.tools.in_process import run_in_process
 from fedcond.tools.report import MethodSummary, summary_table
 from tests.test_one_message import config_for
@@ -63,7 +63,7 @@ def test_per_class_accuracy_scores_every_class_of_the_final_round_and_nothing_is
     and the class names are the dataset's; off (the default), run.json has none."""
     import json
 
-    from fedcond.scenarios import scenario_for
+    from fedcond.data.scenarios import scenario_for
 
     config = config_for(
         "fedavg", tmp_path / "on", evaluate_in_fit, **{"held-out-clients": 1, "per-class-accuracy": True}

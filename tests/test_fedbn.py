@@ -11,11 +11,11 @@ from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_
 
 from clients.app import node_data
 from fedcond.errors import FedcondError
-from fedcond.feature_norm import local_state_names, recompute_statistics
 from fedcond.messages import SERVER_ROUND
-from fedcond.models import build_run_model, get_weights, set_weights
+from fedcond.model.feature_norm import local_state_names, recompute_statistics
+from fedcond.model.networks import build_run_model, get_weights, set_weights
+from fedcond.model.training import evaluate
 from fedcond.tools.in_process import InProcessNode
-from fedcond.training import evaluate
 from strategies.checks import check_run
 from strategies.registry import run_config
 from tests.method_settings import method_test_settings

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from fedcond import fingerprint as fp
 from fedcond.errors import FedcondError
+from fedcond.fingerprint import fingerprints as fp
 
 
 def reference_eigenvalues(features: np.ndarray, dim: int) -> np.ndarray:
@@ -61,7 +61,7 @@ def test_federated_standardisation_matches_pooled_zscore():
 # -- pluggable fingerprints: what they are blind to --------------------------------------------------
 @pytest.fixture(scope="module")
 def digit_sample():
-    from fedcond.datasets import load_dataset
+    from fedcond.data.datasets import load_dataset
 
     digits = load_dataset("digits")
     return digits.train_x[:400], digits.train_y[:400]
@@ -69,7 +69,7 @@ def digit_sample():
 
 def _changes(name, images, labels):
     """Relative change of fingerprint ``name`` under a label derangement, rot90 and rot180."""
-    from fedcond.client_data import rotate_images
+    from fedcond.data.client_data import rotate_images
 
     def compute(x, y):
         return fp.compute_fingerprint(name, fp.ClientSample(x, y, num_classes=10, dim=32))

@@ -1,4 +1,4 @@
-"""``head-fit = "ridge"`` (``fedcond/head_fit.py``): each client trains its generated output layer as a
+"""``head-fit = "ridge"`` (``fedcond/model/head_fit.py``): each client trains its generated output layer as a
 plain layer and returns products of its fingerprint; the server ridge-fits the generator to them."""
 
 from collections import Counter
@@ -9,14 +9,14 @@ from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, pa
 
 from clients.app import node_data
 from clients.conditional import ConditionalClient
-from fedcond import head_fit
+from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
 from fedcond.messages import SERVER_ROUND
-from fedcond.models import build_run_model, get_weights, set_weights
-from fedcond.scenarios import scenario_for
+from fedcond.model import head_fit
+from fedcond.model.networks import build_run_model, get_weights, set_weights
+from fedcond.model.training import train
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import InProcessNode, run_in_process
-from fedcond.training import train
 from strategies.base import StrategyInputs
 from strategies.checks import check_run
 from strategies.registry import get_method, run_config

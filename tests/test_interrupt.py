@@ -25,11 +25,11 @@ import psutil
 import pytest
 
 from fedcond import stopping
-from fedcond.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint, save_checkpoint
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import RoundRecord, RunRecorder, mark_stopped, run_status
 from fedcond.participation import FIT, RoundParticipation
+from fedcond.records.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint, save_checkpoint
+from fedcond.records.history import RoundRecord, RunRecorder, mark_stopped, run_status
 from fedcond.tools.experiment import STOPPED, PlannedRun, run_one
 from strategies.membership import PartitionProxy
 from strategies.registry import run_config

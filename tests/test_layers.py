@@ -50,7 +50,7 @@ def test_the_core_imports_neither_flower_nor_the_flower_layer():
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flwr', 'clients', 'strategies')))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert "fedcond.training" in core_modules() and "fedcond.tools.cli" not in core_modules()
+    assert "fedcond.model.training" in core_modules() and "fedcond.tools.cli" not in core_modules()
     assert result.stdout.strip() == "[]"
 
 
@@ -119,7 +119,7 @@ def test_a_clientapp_process_imports_no_server_or_report_libraries():
         "heavy += ('strategies.',)\n"
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
     )
-    from fedcond.datasets import load_dataset
+    from fedcond.data.datasets import load_dataset
 
     load_dataset("digits", None)  # decoded into the shared cache here, as a deployed node finds its data
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -137,3 +137,14 @@ def test_clients_and_strategies_import_nothing_of_each_other():
         if {name.split(".")[0], target.split(".")[0]} == {"clients", "strategies"}
     }
     assert across == set()
+
+
+#: The core's concerns, one package each; what sits directly under fedcond/ beside them stays a handful.
+CONCERNS = ("data", "fingerprint", "model", "privacy", "records")
+
+
+def test_the_core_is_filed_by_concern():
+    top_modules = sorted(path.stem for path in (ROOT / "fedcond").glob("*.py"))
+    packages = sorted(path.parent.name for path in (ROOT / "fedcond").glob("*/__init__.py"))
+    assert set(CONCERNS) <= set(packages), packages
+    assert len(top_modules) <= 12, f"{len(top_modules)} modules directly under fedcond/: file them by concern"

@@ -1,4 +1,4 @@
-"""Live curves (fedcond.live_curves): what TensorBoard's own reader finds in a compare's folder."""
+"""Live curves (fedcond.records.live_curves): what TensorBoard's own reader finds in a compare's folder."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
-from fedcond.history import RoundRecord
-from fedcond.live_curves import CHARTS, EVENT_FILE_PREFIX, SCALE, chart_values
+from fedcond.records.history import RoundRecord
+from fedcond.records.live_curves import CHARTS, EVENT_FILE_PREFIX, SCALE, chart_values
 from fedcond.tools.cli import main
 
 COMPARE = ["compare", "--num-clusters", "2", "--clients-per-cluster", "2", "--rounds", "3", "--seeds", "0",

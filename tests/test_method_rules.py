@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedcond.client_data import load_client_data
 from fedcond.config import RunConfig
+from fedcond.data.client_data import load_client_data
+from fedcond.data.scenarios import scenario_for
 from fedcond.messages import CHOICE, SERVER_ROUND, TRAIN_LOSS
-from fedcond.models import get_weights
+from fedcond.model.networks import get_weights
 from fedcond.participation import EVALUATE, FIT
-from fedcond.scenarios import scenario_for
 from strategies.base import StrategyInputs
 from strategies.declaration import NEWCOMER_RULES
 from strategies.registry import get_method, held_out_methods
@@ -278,7 +278,7 @@ def test_a_cfl_newcomer_trains_at_the_split_and_follows_the_side_its_update_agre
     classes 0-4: training the split's model raises the output biases of 0-4, so it follows the side
     whose clients' updates did that, and is served that side's model, wherever that side is."""
     from fedcond.messages import PARAMETER_TREE
-    from fedcond.parameter_tree import Split, header, pack
+    from fedcond.model.parameter_tree import Split, header, pack
 
     newcomer = newcomer_of("cfl")
     wrong, right = always_class(newcomer, 9), always_class(newcomer, 0)

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from fedcond import aggregation as agg
 from fedcond.errors import FedcondError
-from fedcond.models import build_model, get_weights
-from fedcond.training import ProximalTerm, TrainSettings, train
+from fedcond.model import aggregation as agg
+from fedcond.model.networks import build_model, get_weights
+from fedcond.model.training import ProximalTerm, TrainSettings, train
 
 
 def model(*values):
@@ -68,8 +68,8 @@ def test_dac_selects_top_k_by_cosine_similarity_and_averages_uniformly():
 def client_of(method, partition_id=0):
     from flwr.common import Context, RecordDict
 
-    from fedcond.client_data import load_client_data
     from fedcond.config import RunConfig
+    from fedcond.data.client_data import load_client_data
     from strategies.registry import get_method
 
     config = RunConfig(method=method, num_clusters=2, clients_per_cluster=2, local_epochs=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcond.model_store import SPILL_FOLDER, SpillingModels
+from fedcond.model.store import SPILL_FOLDER, SpillingModels
 from fedcond.tools.in_process import InProcessNode, run_in_process
 from tests.method_settings import methods_keeping_client_state, peer_to_peer_methods
 from tests.test_one_message import PROTOCOL_COLUMNS, config_for, history
@@ -93,7 +93,7 @@ def test_a_client_keeping_its_models_in_files_computes_what_it_computes_in_conte
 
 
 def test_the_server_app_removes_a_finished_runs_client_state(tmp_path: Path):
-    from fedcond.model_store import ClientModelFiles, remove_run_state, run_state_folder
+    from fedcond.model.store import ClientModelFiles, remove_run_state, run_state_folder
 
     ClientModelFiles(str(tmp_path), 7, 0).put("kept", model(1))
     ClientModelFiles(str(tmp_path), 8, 0).put("kept", model(2))
@@ -104,7 +104,7 @@ def test_the_server_app_removes_a_finished_runs_client_state(tmp_path: Path):
 
 def test_a_client_state_dir_that_cannot_be_written_is_said_in_one_line(tmp_path: Path):
     from fedcond.errors import FedcondError
-    from fedcond.model_store import ClientModelFiles
+    from fedcond.model.store import ClientModelFiles
 
     (tmp_path / "a-file").write_text("")
     with pytest.raises(FedcondError, match=r"client-state-dir: cannot write .* give a folder this node can write"):

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedcond.conditioning import MECHANISMS, conditions, mechanism
 from fedcond.errors import FedcondError
-from fedcond.models import TABULAR_HIDDEN, build_model, count_parameters, get_weights, set_weights
+from fedcond.model.conditioning import MECHANISMS, conditions, mechanism
+from fedcond.model.networks import TABULAR_HIDDEN, build_model, count_parameters, get_weights, set_weights
 
 
 def test_paper_mnist_network_has_425738_parameters_when_conditioned():
@@ -54,7 +54,7 @@ def test_every_mechanism_conditions_some_model():
 @pytest.mark.parametrize("conditioning", CNN_MECHANISMS)
 @pytest.mark.parametrize(("shape", "hidden"), [((1, 28, 28), 128), ((1, 8, 8), 128), ((3, 32, 32), 256)])
 def test_every_mechanism_in_the_table_is_its_module_and_adds_what_it_says(conditioning, shape, hidden):
-    """One line in fedcond.conditioning.MECHANISMS and one module defining MECHANISM: its name is its
+    """One line in fedcond.model.conditioning.MECHANISMS and one module defining MECHANISM: its name is its
     key, and the parameters it says it adds are the ones the network gains."""
     chosen = mechanism(conditioning)
     assert chosen.name == conditioning and chosen.summary

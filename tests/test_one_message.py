@@ -75,7 +75,7 @@ def test_the_setting_is_refused_in_one_line_when_it_is_not_a_boolean():
 
 
 def test_channels_last_reaches_every_clients_training_and_evaluation(tmp_path, monkeypatch):
-    import fedcond.training as training
+    import fedcond.model.training as training
 
     layouts = []
     real = training.laid_out

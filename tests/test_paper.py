@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fedcond.paper import (
+from fedcond.tools.cli import main
+from fedcond.tools.experiment import Experiment, TableSpec
+from fedcond.tools.paper import (
     DATASETS,
     DOMAIN_DATASET,
     EMNIST_EXPERIMENT,
@@ -17,8 +19,6 @@ from fedcond.paper import (
     lookup,
     paper_csv,
 )
-from fedcond.tools.cli import main
-from fedcond.tools.experiment import Experiment, TableSpec
 from fedcond.tools.report import paper_table, render
 from fedcond.tools.report import summary_markdown as compare_summary
 
@@ -291,8 +291,8 @@ def test_every_grid_that_claims_paper_tables_runs_their_settings(grid, tmp_path)
     them: a grid cannot drift from the paper's settings (E4b's C, the sparsity tables' K) unnoticed."""
     import tomllib
 
-    from fedcond.paper import paper_setting
     from fedcond.tools.experiment import plan, read_grid_file
+    from fedcond.tools.paper import paper_setting
 
     data = tomllib.loads(grid.read_text())
     assert "paper-tables" in data, f"{grid.name} names no paper-tables (write [] for a grid that reproduces none)"
@@ -328,8 +328,8 @@ def test_the_sparse_column_is_met_by_25_clients_per_cluster_with_a_note():
 @pytest.mark.parametrize("profile", [None, "mnist"])
 def test_the_parameter_matched_controls_are_the_recommended_variants_size(profile, tmp_path):
     """Every conditioned control of parameter-matched.toml is within 0.5% of recommended's parameters."""
-    from fedcond.datasets import dataset_spec
-    from fedcond.models import build_run_model, count_parameters
+    from fedcond.data.datasets import dataset_spec
+    from fedcond.model.networks import build_run_model, count_parameters
     from fedcond.tools.experiment import plan, read_grid_file
 
     grid = Path(__file__).resolve().parents[1] / "experiments" / "grids" / "parameter-matched.toml"

@@ -9,11 +9,11 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.app import make_client_app
-from fedcond import aggregation as agg
-from fedcond import client_data
 from fedcond.config import RunConfig
+from fedcond.data import client_data
 from fedcond.errors import FedcondError
-from fedcond.models import build_run_model, get_weights
+from fedcond.model import aggregation as agg
+from fedcond.model.networks import build_run_model, get_weights
 from strategies.registry import run_config
 from tests.scripts import load_script
 

@@ -1,4 +1,4 @@
-"""pFedHN (fedcond.hypernetwork, strategies.pfedhn): each client is served the model its embedding
+"""pFedHN (fedcond.model.hypernetwork, strategies.pfedhn): each client is served the model its embedding
 generates, the server's step moves that model towards what the client returned, a newcomer gets the
 mean embedding's model and learns an embedding of its own with the hypernetwork frozen, and the
 hypernetwork survives a checkpoint."""
@@ -10,8 +10,8 @@ import pytest
 import torch
 from flwr.common import parameters_to_ndarrays
 
-from fedcond.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
-from fedcond.models import get_weights
+from fedcond.model.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
+from fedcond.model.networks import get_weights
 from fedcond.participation import EVALUATE, FIT
 from tests.test_method_rules import reply, strategy_for
 
@@ -189,7 +189,7 @@ def test_the_hypernetwork_and_its_momentum_survive_a_checkpoint():
 
 def test_each_clients_batch_norm_statistics_survive_a_checkpoint(tmp_path):
     from fedcond.config import RunConfig
-    from fedcond.scenarios import scenario_for
+    from fedcond.data.scenarios import scenario_for
     from strategies.base import StrategyInputs
     from strategies.pfedhn import PFedHNStrategy
     from tests.test_cifar import write_cifar10_folder

@@ -26,17 +26,17 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from torch import nn
 
 from clients.clipping import client_dp_clipping_mod
-from fedcond import fingerprint as fp
-from fedcond import privacy
-from fedcond.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
-from fedcond.client_data import client_fingerprint, load_client_data
-from fedcond.conditioning import MECHANISMS, conditions
 from fedcond.config import RunConfig
+from fedcond.data.client_data import client_fingerprint, load_client_data
 from fedcond.errors import FedcondError
+from fedcond.fingerprint import fingerprints as fp
 from fedcond.messages import ERROR
-from fedcond.models import build_model, build_run_model, get_weights
+from fedcond.model.conditioning import MECHANISMS, conditions
+from fedcond.model.networks import build_model, build_run_model, get_weights
+from fedcond.model.training import DpSgd, ProximalTerm, TrainSettings, train, train_private
+from fedcond.privacy import dp as privacy
+from fedcond.privacy.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
 from fedcond.tools.experiment import Experiment, record_experiment
-from fedcond.training import DpSgd, ProximalTerm, TrainSettings, train, train_private
 from strategies.base import EMPTY, StrategyInputs
 from strategies.checks import check_run
 from strategies.client_dp import ServerSideClientDp
@@ -329,7 +329,7 @@ def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd
         ({"method": "fedavg", "dataset": "cifar10", "client-dp": "server-side"}, "BatchNorm"),
         ({"method": "pooled-global", "dp-noise-multiplier": 1.0}, "federated methods only"),
         ({"method": "fedavg", "dp-noise-multiplier": 1.0, "resume": "/a/run"}, "its epsilon would restart from 0"),
-        # Secure aggregation (fedcond.secagg_settings, each strategy's secure_aggregation_refusal).
+        # Secure aggregation (fedcond.privacy.secure_aggregation, each strategy's secure_aggregation_refusal).
         ({"secure-aggregation": "sum"}, "unknown secure-aggregation 'sum'"),
         ({"method": "oracle", "secure-aggregation": "secaggplus"}, "Oracle averages within each true cluster"),
         ({"method": "ifca", "secure-aggregation": "secaggplus"}, "IFCA's server groups the returned models"),
@@ -422,7 +422,7 @@ def test_client_level_dp_clips_every_update_and_keeps_the_history(tmp_path, mode
 def test_client_level_dp_stops_a_round_that_lost_a_client_with_its_reason():
     from flwr.server.server import fit_clients
 
-    from fedcond.scenarios import scenario_for
+    from fedcond.data.scenarios import scenario_for
     from tests.test_failures import federation, two_by_two
 
     # min-answered-fraction would let 3 of 4 go on; client-dp's noise is calibrated to all 4.

@@ -5,8 +5,8 @@ import subprocess
 from pathlib import Path
 
 from fedcond.config import RunConfig
-from fedcond.history import RunRecorder
-from fedcond.provenance import CODE, checkout_code, code_version, describe
+from fedcond.records.history import RunRecorder
+from fedcond.records.provenance import CODE, checkout_code, code_version, describe
 from fedcond.tools.report import provenance_lines
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,13 +19,20 @@ import psutil
 import pytest
 import torch
 
-from fedcond import locks
-from fedcond.checkpoint import RESUME, Checkpoint, check_resume, checkpoint_due, load_checkpoint, save_checkpoint
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import RUN_LOCK, RoundRecord, RunRecorder, reopen_run, run_status
 from fedcond.participation import EVALUATE, FIT
 from fedcond.pooled import run_pooled
+from fedcond.records import locks
+from fedcond.records.checkpoint import (
+    RESUME,
+    Checkpoint,
+    check_resume,
+    checkpoint_due,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fedcond.records.history import RUN_LOCK, RoundRecord, RunRecorder, reopen_run, run_status
 from fedcond.tools.cli import default_config, main
 from fedcond.tools.experiment import Experiment, run_experiment
 from fedcond.tools.flwr_commands import prepare
@@ -117,8 +124,8 @@ KILLED_AFTER_HISTORY_ROWS = {"dac-spilled-checkpoint-every-2": 3}
 
 
 def spilled_models(folder: Path) -> dict[str, list[np.ndarray]]:
-    """The client models a checkpoint names by file (fedcond.model_store.SpillingModels)."""
-    from fedcond.model_store import SPILL_FOLDER, SPILLED_VALUE
+    """The client models a checkpoint names by file (fedcond.model.store.SpillingModels)."""
+    from fedcond.model.store import SPILL_FOLDER, SPILLED_VALUE
 
     named = load_checkpoint(folder).values.get(SPILLED_VALUE, {})
     loaded = {}
@@ -452,8 +459,8 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     partitions now."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
+    from fedcond.data.scenarios import scenario_for
     from fedcond.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
-    from fedcond.scenarios import scenario_for
     from strategies.base import StrategyInputs, initial_weights
     from strategies.registry import get_method
 
@@ -580,7 +587,7 @@ def stop_superlink_on(port: int) -> None:
 def test_a_checkpoint_keeps_every_array_of_a_batchnorm_model_with_its_shape(tmp_path):
     """CIFAR's CNN has BatchNorm, whose num_batches_tracked is a 0-d array: a checkpoint that stored it
     as shape (1,) could not be loaded back into the model (a pooled CIFAR run failed to resume so)."""
-    from fedcond.models import build_model, get_weights, set_weights
+    from fedcond.model.networks import build_model, get_weights, set_weights
 
     model = build_model((3, 32, 32), 10, 0, seed=0)
     weights = get_weights(model)
@@ -597,7 +604,7 @@ def test_a_run_json_that_cannot_be_written_leaves_the_previous_one_whole(tmp_pat
     import errno
     import pathlib
 
-    from fedcond.history import write_run_info
+    from fedcond.records.history import write_run_info
 
     write_run_info(tmp_path, {"status": "running", "rounds_completed": 3})
     real_write = pathlib.Path.write_text

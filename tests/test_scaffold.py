@@ -10,13 +10,13 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from torch import nn
 
 from clients.scaffold import ControlCorrection, step_weight, updated_control
+from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
 from fedcond.messages import PAYLOAD_PARTS, TRAIN_LOSS, pack_parts, unpack_parts
+from fedcond.model.training import MomentumSGD
 from fedcond.participation import FIT
-from fedcond.scenarios import scenario_for
 from fedcond.tools.experiment import read_history
 from fedcond.tools.simulation import simulate
-from fedcond.training import MomentumSGD
 from strategies.base import StrategyInputs
 from strategies.registry import run_config
 from strategies.scaffold import ScaffoldStrategy

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 
 from fedcond.config import RunConfig
-from fedcond.datasets import load_dataset
+from fedcond.data.datasets import load_dataset
+from fedcond.data.scenarios import build_scenario
 from fedcond.errors import FedcondError
-from fedcond.scenarios import build_scenario
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_rotation_clusters_share_the_data_disjointly_with_their_angles(rotations
 
 
 def test_rotated_client_data_is_rotated_and_labels_unchanged(digits):
-    from fedcond.client_data import load_client_data
+    from fedcond.data.client_data import load_client_data
 
     config = RunConfig(scenario="covariate-rotation", rotations="0,90", num_clusters=2, clients_per_cluster=2)
     partition = build_scenario(config).clients[2]  # cluster 1: 90 degrees
@@ -97,7 +97,7 @@ def test_permutation_clusters_have_their_own_seeded_label_permutation(digits):
     maps = {c.cluster: tuple(c.label_map) for c in scenario.clients}
     assert len(set(maps.values())) == 3 and all(sorted(m) == list(range(10)) for m in maps.values())
     assert maps == {c.cluster: tuple(c.label_map) for c in build_scenario(config).clients}  # same seed
-    from fedcond.client_data import load_client_data
+    from fedcond.data.client_data import load_client_data
 
     data = load_client_data(config, 5)
     partition = scenario.clients[5]
@@ -124,7 +124,7 @@ def fake_idx_data(tmp_path):
 
 
 def test_semantic_clusters_relabel_by_their_grouping(fake_idx_data):
-    from fedcond.client_data import load_client_data
+    from fedcond.data.client_data import load_client_data
 
     config = RunConfig(scenario="concept-semantic", dataset="mnist", num_clusters=2, clients_per_cluster=2,
                        data_dir=str(fake_idx_data))  # fmt: skip
@@ -149,7 +149,7 @@ def test_domain_clusters_are_mnist_and_fashion_mnist(fake_idx_data):
 
 
 def test_printed_summary_names_every_cluster_and_the_sizes():
-    from fedcond.scenarios import format_summary
+    from fedcond.data.scenarios import format_summary
 
     text = format_summary(
         build_scenario(RunConfig(scenario="covariate-rotation", rotations="C1", num_clusters=2)).summary()
@@ -246,7 +246,7 @@ def test_what_needs_true_clusters_is_refused_on_a_partition_without_them(setting
 
 
 def test_only_a_partitioners_own_setting_keys_its_split():
-    from fedcond.scenarios import split_settings
+    from fedcond.data.scenarios import split_settings
 
     assert "dirichlet-alpha" in split_settings(RunConfig(scenario="dirichlet", num_clusters=1))
     assert "dirichlet-alpha" not in split_settings(RunConfig())  # partition files of other splits stay valid

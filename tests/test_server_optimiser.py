@@ -1,5 +1,5 @@
 """``server-momentum`` and ``server-learning-rate``: FedAvgM on the server of every method whose server
-averages a model (``fedcond/server_optimiser.py``): the global model of the FedAvg family
+averages a model (``fedcond/model/server_optimiser.py``): the global model of the FedAvg family
 (``strategies/fedavg.py``), each cluster model of Oracle, IFCA, CFL and descriptor clustering
 (``strategies/cluster_models.py``); refused by the methods whose server averages none."""
 
@@ -12,12 +12,12 @@ import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy import FedAvgM
 
-from fedcond.aggregation import weighted_average
+from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
 from fedcond.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
-from fedcond.models import build_model, build_run_model, trained_arrays
-from fedcond.scenarios import scenario_for
-from fedcond.server_optimiser import SERVER_MOMENTUM, ServerMomentum
+from fedcond.model.aggregation import weighted_average
+from fedcond.model.networks import build_model, build_run_model, trained_arrays
+from fedcond.model.server_optimiser import SERVER_MOMENTUM, ServerMomentum
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import run_in_process
 from strategies.base import StrategyInputs
@@ -360,7 +360,7 @@ def test_a_method_whose_server_averages_no_model_refuses_the_server_optimiser_in
 def test_oracle_with_momentum_resumed_after_round_2_equals_the_uninterrupted_run(tmp_path, monkeypatch):
     """FedAvgM's velocities (one per cluster model) are in the checkpoint: Oracle stopped before round 3
     and resumed computes round 3 as the run that never stopped, to the last bit of every model."""
-    from fedcond.checkpoint import RESUME, load_checkpoint
+    from fedcond.records.checkpoint import RESUME, load_checkpoint
     from strategies.cluster_models import OracleStrategy
     from tests.test_resume import assert_same_models, history
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedcond.config import RunConfig
-from fedcond.scenarios import SCENARIOS
+from fedcond.data.scenarios import SCENARIOS
 from fedcond.tools.simulation import simulate
 from strategies.registry import flower_method_names, get_method, registry, run_config
 from tests.faults import FIT, HANG, RAISE, REPORT, Fault
@@ -108,7 +108,7 @@ def test_every_scenario_runs_through_flower(tmp_path, scenario):
     write_fake_mnist(tmp_path / "data" / "mnist", train=80, test=40)
     write_fake_mnist(tmp_path / "data" / "fashion-mnist", train=80, test=40)
     write_cifar10_folder(tmp_path / "data" / "cifar10-jpeg", per_class=(8, 4))
-    from fedcond.scenarios import UNCLUSTERED_SCENARIOS
+    from fedcond.data.scenarios import UNCLUSTERED_SCENARIOS
 
     # One population cut by a partitioner: four clients and a newcomer, no clusters.
     clusters, clients = (1, 4) if scenario in UNCLUSTERED_SCENARIOS else (2, 2)

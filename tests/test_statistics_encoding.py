@@ -9,10 +9,10 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 
-from fedcond import fingerprint as fp
-from fedcond import statistics_encoding
-from fedcond.client_data import client_fingerprint, load_client_data
+from fedcond.data.client_data import client_fingerprint, load_client_data
 from fedcond.errors import FedcondError
+from fedcond.fingerprint import fingerprints as fp
+from fedcond.fingerprint import statistics_encoding
 from fedcond.messages import SERVER_ROUND, STEP, STEP_STATISTICS
 from fedcond.participation import STATISTICS, RoundParticipation
 from strategies.checks import check_run

@@ -4,13 +4,13 @@ refusals that keep image-only settings off it (the models: tests/test_models.py)
 import numpy as np
 import pytest
 
-from fedcond import fingerprint as fp
-from fedcond import tabular
-from fedcond.client_data import check_partition_arrays, client_fingerprint, load_client_data
 from fedcond.config import RunConfig
-from fedcond.datasets import load_dataset
+from fedcond.data import tabular
+from fedcond.data.client_data import check_partition_arrays, client_fingerprint, load_client_data
+from fedcond.data.datasets import load_dataset
+from fedcond.data.scenarios import build_scenario, validate_without_data
 from fedcond.errors import FedcondError
-from fedcond.scenarios import build_scenario, validate_without_data
+from fedcond.fingerprint import fingerprints as fp
 
 TASK = {"dataset": "synthetic-logistic", "scenario": "concept-weights"}
 
@@ -36,7 +36,7 @@ def test_the_generator_is_fixed_and_its_concepts_are_its_equations():
 
 
 def test_the_generator_lands_table_vi_references_on_their_scale():
-    """Calibration (fedcond/tabular.py): one logistic model for three concepts scores near Table VI's
+    """Calibration (fedcond/data/tabular.py): one logistic model for three concepts scores near Table VI's
     Global (0.700), one per concept near its Cluster (0.997)."""
     from sklearn.linear_model import LogisticRegression
 
@@ -147,8 +147,8 @@ def test_linear_is_the_latent_logistic_thresholds():
 
 
 def test_a_regression_client_trains_to_the_noise_and_scores_its_rmse():
-    from fedcond.models import build_run_model
-    from fedcond.training import TrainSettings, evaluate, train
+    from fedcond.model.networks import build_run_model
+    from fedcond.model.training import TrainSettings, evaluate, train
 
     config = RunConfig.from_mapping({**LINEAR, "num-clusters": 2, "clients-per-cluster": 20}).resolved()
     data = load_client_data(config, 0)
@@ -181,7 +181,7 @@ def test_regression_refuses_per_class_fingerprints_and_scores_and_non_finite_tar
 
 
 def test_the_worst_client_of_a_lower_is_better_score_is_the_highest():
-    from fedcond.metrics import ClientEvaluation, Spread
+    from fedcond.records.metrics import ClientEvaluation, Spread
 
     evaluations = [ClientEvaluation(0, 10, 0.0, score) for score in (0.1, 0.2, 5.0)]
     assert Spread.of(evaluations).worst == 0.1

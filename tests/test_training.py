@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from fedcond.errors import FedcondError
-from fedcond.models import build_model, get_weights
-from fedcond.training import MomentumSGD, ProximalTerm, TrainSettings, evaluate, run_epochs, train
+from fedcond.model.networks import build_model, get_weights
+from fedcond.model.training import MomentumSGD, ProximalTerm, TrainSettings, evaluate, run_epochs, train
 
 
 def toy_data(n=64):
@@ -59,8 +59,8 @@ def test_momentum_sgd_takes_torch_optim_sgds_steps_bit_for_bit(momentum, proxima
 def test_training_never_imports_torch_dynamo():
     script = (
         "import sys, numpy as np\n"
-        "from fedcond.models import build_model\n"
-        "from fedcond.training import TrainSettings, train\n"
+        "from fedcond.model.networks import build_model\n"
+        "from fedcond.model.training import TrainSettings, train\n"
         "model = build_model((1, 8, 8), 2, 0, seed=0)\n"
         "train(model, np.zeros((8, 1, 8, 8), np.float32), np.arange(8) % 2, None, TrainSettings(1, 4, 0.1, 0.9), 0)\n"
         "print('torch._dynamo' in sys.modules)\n"

@@ -1,5 +1,5 @@
 """``validation-fraction``: a seeded, class-stratified share of each client's training data held out
-for choosing settings (``fedcond.scenarios.with_validation``), never trained on nor fingerprinted,
+for choosing settings (``fedcond.data.scenarios.with_validation``), never trained on nor fingerprinted,
 scored every round (history.csv's ``validation_accuracy``, ``heldout_validation_accuracy``)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from fedcond.client_data import client_fingerprint, load_client_data, load_partition_file, save_partition
+from fedcond.data.client_data import client_fingerprint, load_client_data, load_partition_file, save_partition
+from fedcond.data.scenarios import scenario_for, validation_split
 from fedcond.errors import FedcondError
-from fedcond.scenarios import scenario_for, validation_split
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import run_in_process
 from strategies.registry import run_config

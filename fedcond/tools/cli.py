@@ -25,9 +25,9 @@ from typing import NoReturn
 
 from fedcond import stopping
 from fedcond.config import RunConfig
+from fedcond.data.scenarios import forget_loaded_data
 from fedcond.errors import FedcondError
-from fedcond.history import RESUME, run_status
-from fedcond.scenarios import forget_loaded_data
+from fedcond.records.history import RESUME, run_status
 from fedcond.tools import deploy, local_superlink
 from fedcond.tools.experiment import (
     Experiment,
@@ -194,7 +194,7 @@ OWN_LINE = re.compile(r"^(fedcond:|round +\d+/\d+|scenario |  cluster |  samples
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
-FINISHED_LINE = "fedcond: finished;"  # fedcond.history's last line of a run that finished
+FINISHED_LINE = "fedcond: finished;"  # fedcond.records.history's last line of a run that finished
 
 
 def stream_filtered(
@@ -224,7 +224,7 @@ def stream_filtered(
 
 def draw_convergence_plot(folder: Path) -> None:
     """``convergence.png`` from the run's history (nothing when it has no rounds)."""
-    from fedcond.history import dataset_metric
+    from fedcond.records.history import dataset_metric
     from fedcond.tools.experiment import read_history
     from fedcond.tools.report import convergence_plot
 
@@ -687,10 +687,10 @@ def print_settings(write: bool) -> int:
 
 
 def list_choices() -> int:
-    from fedcond.conditioning import MECHANISMS
-    from fedcond.datasets import DATASETS
-    from fedcond.fingerprint import FINGERPRINTS
-    from fedcond.scenarios import SCENARIOS
+    from fedcond.data.datasets import DATASETS
+    from fedcond.data.scenarios import SCENARIOS
+    from fedcond.fingerprint.fingerprints import FINGERPRINTS
+    from fedcond.model.conditioning import MECHANISMS
     from strategies.registry import registry
 
     methods = registry().values()

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from fedcond.client_data import export_partitions
 from fedcond.config import RunConfig
+from fedcond.data.client_data import export_partitions
 from fedcond.errors import FedcondError
 from fedcond.tools.certificates import Certificates, NodeKey, generate_certificates, generate_node_keys
 from fedcond.tools.flwr_commands import (

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedcond import locks, stopping
+from fedcond import stopping
 from fedcond.config import RunConfig, canonical_record, value_before_it_existed
 from fedcond.errors import FedcondError
-from fedcond.history import (
+from fedcond.records import locks
+from fedcond.records.history import (
     CHECKPOINT_EVERY,
     PATH_KEYS,
     RESUME,
@@ -48,9 +49,9 @@ from fedcond.history import (
     row_on_disk,
     run_status,
 )
-from fedcond.live_curves import LIVE_CURVES
-from fedcond.provenance import CODE
-from fedcond.provenance import describe as describe_code
+from fedcond.records.live_curves import LIVE_CURVES
+from fedcond.records.provenance import CODE
+from fedcond.records.provenance import describe as describe_code
 
 # Every tidy row names the scenario it came from, so results of several experiments concatenate.
 SETTING_COLUMNS = ("dataset", "scenario", "num-clusters", "clients-per-cluster", "data-fraction", "rotations")
@@ -410,7 +411,7 @@ def prepare_folder(run: PlannedRun, runs_dir: Path, stream: TextIO) -> PlannedRu
     *different* settings is an error rather than something to mix in silently; so is a folder that
     another process is running a run in.
     """
-    from fedcond.checkpoint import check_resume, checkpoint_path
+    from fedcond.records.checkpoint import check_resume, checkpoint_path
     from strategies.registry import get_method
 
     folder = runs_dir / run.name
@@ -527,7 +528,7 @@ def format_duration(seconds: float) -> str:
 
 def read_history(path: Path, metric: str = SCORE) -> list[dict[str, str]]:
     """A run's ``history.csv`` rows, the score's columns (``metric``: the run's, rmse on a regression
-    task) under their in-memory names (``fedcond.history.SCORE``)."""
+    task) under their in-memory names (``fedcond.records.history.SCORE``)."""
     try:
         with path.open(newline="") as handle:
             return [row_in_memory(row, metric) for row in csv.DictReader(handle)]
@@ -537,7 +538,7 @@ def read_history(path: Path, metric: str = SCORE) -> list[dict[str, str]]:
 
 def check_data(planned: Sequence[PlannedRun]) -> None:
     """Load and split each distinct scenario once, so missing files or tiny clients stop us early."""
-    from fedcond.scenarios import scenario_for
+    from fedcond.data.scenarios import scenario_for
 
     for run in planned:
         scenario_for(run.config)
@@ -659,7 +660,7 @@ def experiment_lock(out: Path) -> Iterator[None]:
     """Hold ``out`` for this process: a second compare or sweep on it is refused with one line.
 
     Another invocation would resume or delete this one's unfinished (running) run folders and write
-    into the same files. A lock whose holder died is taken over (``fedcond.locks``).
+    into the same files. A lock whose holder died is taken over (``fedcond.records.locks``).
     """
     try:
         handle = locks.acquire(out / LOCK_FILE)
@@ -804,7 +805,7 @@ def tidy_rows(experiment: Experiment, out: Path) -> Iterator[dict[str, Any]]:
 
 
 def run_code(info: dict[str, Any]) -> str:
-    """The code a run came from, as a table's note names it (``fedcond.provenance.describe``): its
+    """The code a run came from, as a table's note names it (``fedcond.records.provenance.describe``): its
     first attempt's, then each resume's where it differs (``a1b2c3d>e4f5a6b``); empty for a run
     recorded before runs knew their commit."""
     attempts = [info.get(CODE), *(note.get(CODE) for note in info.get("resumed", []))]
@@ -826,7 +827,7 @@ def write_metrics(experiment: Experiment, out: Path) -> Path:
     # Where some run knows its code (every run since provenance was recorded; older tables unchanged).
     columns += [CODE_COLUMN] * any(row[CODE_COLUMN] for row in rows)
     columns += list(dict.fromkeys(key for row in rows for key in row if key.startswith(CLASS_PREFIX)))
-    # A regression task's rows name their score columns rmse (fedcond.history.column_on_disk).
+    # A regression task's rows name their score columns rmse (fedcond.records.history.column_on_disk).
     metrics = sorted({dataset_metric(str(row["dataset"])) for row in rows} - {SCORE})
     columns += [column_on_disk(column, metric) for metric in metrics for column in columns if SCORE in column]
     rows = [row_on_disk(row, dataset_metric(str(row["dataset"]))) for row in rows]

@@ -13,10 +13,10 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedcond.checkpoint import RESUME, resume_settings
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import run_status, unused_run_folder
+from fedcond.records.checkpoint import RESUME, resume_settings
+from fedcond.records.history import run_status, unused_run_folder
 from strategies.checks import check_run
 from strategies.registry import declared_options, run_config
 
@@ -129,7 +129,7 @@ def prepare(assignments: Sequence[str], override_file: str | None = None) -> tup
 
     Returns the configuration and the overrides to pass to ``flwr run`` (absolute paths: the
     ServerApp runs in the SuperLink's working directory, not ours). With ``resume=FOLDER`` the run
-    continues in that folder with its recorded settings (``fedcond.checkpoint``).
+    continues in that folder with its recorded settings (``fedcond.records.checkpoint``).
     """
     overrides = read_overrides(assignments, override_file)
     if overrides.get(RESUME.key):

@@ -31,8 +31,8 @@ from flwr.server.client_proxy import ClientProxy
 from clients.app import build_client
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.history import RunRecorder
-from fedcond.secagg_settings import SecureAggregation
+from fedcond.privacy.secure_aggregation import SecureAggregation
+from fedcond.records.history import RunRecorder
 from strategies.membership import PartitionProxy
 from strategies.secagg_workflow import SecureSum
 from strategies.server_app import served_run
@@ -70,7 +70,7 @@ class InProcessNode(ClientProxy):
 def plain_sum(instructions: list[tuple[PartitionProxy, FitIns]], *_: object, **__: object) -> SecureSum:
     """What SecAgg+'s sum gives the strategy (``FedcondStrategy.secure_sum``), computed in the clear: the
     weighted mean of every instructed client's reply. The fingerprint statistics are exact digits
-    (``fedcond.statistics_encoding``), so their mean is SecAgg+'s."""
+    (``fedcond.fingerprint.statistics_encoding``), so their mean is SecAgg+'s."""
     replies = [(proxy.partition_id, proxy.fit(ins, None, None)) for proxy, ins in instructions]
     weights = np.array([reply.num_examples for _, reply in replies], dtype=np.float64)
     arrays = [parameters_to_ndarrays(reply.parameters) for _, reply in replies]

@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from fedcond.errors import FedcondError
-from fedcond.history import dataset_metric, row_in_memory
-from fedcond.metrics import LOWER_IS_BETTER
-from fedcond.paper import PaperMatch, character_value, lookup, tables_in_order
+from fedcond.records.history import dataset_metric, row_in_memory
+from fedcond.records.metrics import LOWER_IS_BETTER
 from fedcond.tools.experiment import (
     CLASS_PREFIX,
     CODE_COLUMN,
@@ -38,6 +37,7 @@ from fedcond.tools.experiment import (
     format_duration,
     load_experiment,
 )
+from fedcond.tools.paper import PaperMatch, character_value, lookup, tables_in_order
 
 Row = dict[str, str]
 # Legend lines naming why a setting has no paper counterpart, at most (a sweep of our variants has many).
@@ -485,7 +485,7 @@ def convergence_plot(rows: Sequence[Row], path: Path, title: str) -> Path:
             mean_worst = [_mean(worst[:, r]) for r in range(rounds)]
             axes.plot(x, mean_worst, linestyle="--", linewidth=1, color=line.get_color())
         drifted = np.array([[as_float(h[r].get("drifted_accuracy", "")) for r in range(rounds)] for h in histories])
-        if np.isfinite(drifted).any():  # the drifting clients (fedcond.drift), dotted
+        if np.isfinite(drifted).any():  # the drifting clients (fedcond.data.drift), dotted
             drawn_drift = True
             axes.plot(x, [_mean(drifted[:, r]) for r in range(rounds)], linestyle=":", linewidth=1.5,
                       color=line.get_color())  # fmt: skip

@@ -28,8 +28,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedcond.checkpoint import check_resumed_rounds
 from fedcond.errors import FedcondError
+from fedcond.records.checkpoint import check_resumed_rounds
 from fedcond.tools.flwr_commands import (
     app_directory,
     executable,
