@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from fedcond.federation.methods import get_method, registry, run_config
 from fedcond.model.device import pick_device
 from fedcond.pooled import run_pooled
 from fedcond.records.history import dataset_metric
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import run_in_process
-from strategies.registry import get_method, registry, run_config
 
 # Normalisation "none": the federated z-score needs SecAgg+'s grid, which an in-process run lacks.
 SMOKE = {"dataset": "digits", "num-clusters": 2, "clients-per-cluster": 3, "normalisation": "none", "verbose": False}

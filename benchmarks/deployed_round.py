@@ -83,7 +83,7 @@ installed = install_from_fab(Path(fab).read_bytes(), Path(install_dir), skip_pro
 stage("FAB unpacked, checked, installed")
 sys.path.insert(0, str(installed))
 if app_name.startswith("fedcond"):
-    from clients.app import make_client_app
+    from fedcond.federation.client_app import make_client_app
     from fedcond.config import RunConfig
     config = RunConfig(num_clusters=int(partitions), clients_per_cluster=1, normalisation="none")
     app = make_client_app(config)

@@ -26,12 +26,12 @@ import torch
 
 from fedcond.config import RunConfig
 from fedcond.data.client_data import ClientData, client_fingerprint, load_client_data
+from fedcond.federation.methods import run_config
 from fedcond.fingerprint import fingerprints as fp
 from fedcond.model.networks import build_run_model, get_weights
 from fedcond.model.training import DpSgd, TrainSettings, train, train_private
 from fedcond.privacy.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
 from fedcond.privacy.dp import PrivacyLedger, SampleLevelPrivacy, private_fingerprint
-from strategies.registry import run_config
 
 
 def numbers(text: str) -> list[float]:

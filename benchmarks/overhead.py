@@ -268,11 +268,11 @@ def bare_loop(settings: dict[str, object], threads: int) -> dict[str, object]:
 
     from fedcond.data.client_data import load_client_data
     from fedcond.data.scenarios import scenario_for
+    from fedcond.federation.methods import run_config
+    from fedcond.federation.sampling import CLIENTS_PER_ROUND, evaluates_everyone, sample_partitions
     from fedcond.model.networks import build_run_model, get_weights, set_weights
     from fedcond.model.training import TrainSettings, evaluate, train
     from fedcond.tools.flwr_commands import default_config
-    from strategies.registry import run_config
-    from strategies.sampling import CLIENTS_PER_ROUND, evaluates_everyone, sample_partitions
 
     torch.set_num_threads(threads)
     # The app's defaults under the workload's settings, exactly as `fedcond run` composes them.
@@ -285,7 +285,7 @@ def bare_loop(settings: dict[str, object], threads: int) -> dict[str, object]:
     rounds: list[dict[str, float]] = []
     everyone = range(config.num_clients)
 
-    def sample(server_round: int) -> list[int]:  # fedcond's sample (strategies.sampling), or everyone
+    def sample(server_round: int) -> list[int]:  # fedcond's sample (fedcond.federation.sampling), or everyone
         return sample_partitions(config.seed, server_round, everyone, CLIENTS_PER_ROUND.of(config))
 
     for server_round in range(1, config.num_server_rounds + 1):
@@ -357,10 +357,10 @@ def run_framework(workload: str, settings: dict[str, object], threads: int, out:
 
 def simulate_main(assignments: list[str]) -> int:
     """The ``simulate`` part: fedcond's in-process simulation of the same run, in this process."""
+    from fedcond.federation.checks import check_run
+    from fedcond.federation.methods import run_config
     from fedcond.tools.flwr_commands import default_config, parse_assignments
     from fedcond.tools.simulation import simulate
-    from strategies.checks import check_run
-    from strategies.registry import run_config
 
     config = run_config({**default_config(), **parse_assignments(assignments)})
     check_run(config, load_data=True)

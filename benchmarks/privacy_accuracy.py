@@ -49,14 +49,14 @@ import torch
 
 from fedcond.config import RunConfig
 from fedcond.data.client_data import client_fingerprint, load_client_data
+from fedcond.federation import client_dp
+from fedcond.federation.checks import check_run
+from fedcond.federation.methods import run_config
 from fedcond.fingerprint import fingerprints as fp
 from fedcond.privacy.attack import cosine_similarity
 from fedcond.records.history import error_line, mark_failed, run_status
 from fedcond.tools.flwr_commands import parse_assignments
 from fedcond.tools.simulation import simulate
-from strategies import client_dp
-from strategies.checks import check_run
-from strategies.registry import run_config
 
 # name -> run-config settings on top of the command line's.
 SETTINGS: dict[str, dict[str, object]] = {
@@ -102,12 +102,12 @@ def run_in_process(config: RunConfig, method_conditioned: bool) -> dict[str, obj
     every client evaluates the new model on its test set."""
     from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_clip_model_update, compute_stdv
 
+    from fedcond.federation.client_dp import CLIENT_DP_CLIPPING_NORM, CLIENT_DP_NOISE_MULTIPLIER, client_dp_mode
     from fedcond.model.aggregation import weighted_average
     from fedcond.model.networks import build_run_model, get_weights, set_weights
     from fedcond.model.training import DpSgd, TrainSettings, evaluate, train, train_private
     from fedcond.privacy.dp import PrivacyLedger, SampleLevelPrivacy, private_fingerprint
     from fedcond.records.metrics import ClientEvaluation, summarise_evaluations
-    from strategies.client_dp import CLIENT_DP_CLIPPING_NORM, CLIENT_DP_NOISE_MULTIPLIER, client_dp_mode
 
     config = config.resolved()
     clients = [load_client_data(config, partition) for partition in range(config.num_training_clients)]

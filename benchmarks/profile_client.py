@@ -1,6 +1,6 @@
 """Profile the ClientApp's per-message path in one process, without Ray: what each message costs.
 
-Drives ``clients.app`` exactly as a Ray actor does (``app(message, context)`` with legacy fit and
+Drives ``fedcond.federation.client_app`` exactly as a Ray actor does (``app(message, context)`` with legacy fit and
 evaluate messages carrying the global model), for a few clients and rounds, under cProfile:
 
     python benchmarks/profile_client.py --dataset digits --clients 4 --rounds 2
@@ -23,10 +23,10 @@ from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters
 from flwr.compat.common.recorddict_compat import evaluateins_to_recorddict, fitins_to_recorddict
 from flwr.supercore.task_identity import TaskIdentity
 
-from clients.app import make_client_app
 from fedcond.data.datasets import dataset_spec
+from fedcond.federation.client_app import make_client_app
+from fedcond.federation.methods import get_method, run_config
 from fedcond.model.networks import build_run_model, get_weights
-from strategies.registry import get_method, run_config
 
 
 def messages_for(weights: list, server_round: int) -> list[tuple[str, RecordDict]]:

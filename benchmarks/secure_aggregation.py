@@ -33,10 +33,10 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Context
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
+from fedcond.federation.methods import run_config
 from fedcond.records.history import run_status
 from fedcond.tools.flwr_commands import parse_assignments
 from fedcond.tools.simulation import simulate
-from strategies.registry import run_config
 
 # Ray actors unpickle the ClientApp, mods included: by value (benchmarks/ is no package they import).
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

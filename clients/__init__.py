@@ -1,1 +1,2 @@
-"""Flower client adapters: thin ``NumPyClient`` wrappers over ``fedcond``'s training code."""
+"""The methods' client sides, one module per method, found by name: ``Client``, holding what that
+method's client does differently from the base client in fedcond/federation/client.py."""

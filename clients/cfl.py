@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.fedcond_client import FedcondClient
 from fedcond.errors import FedcondError
-from fedcond.messages import PARAMETER_TREE
+from fedcond.federation.client import FedcondClient
+from fedcond.federation.messages import PARAMETER_TREE
 from fedcond.model.networks import Network, get_weights, set_weights, trained_arrays
 from fedcond.model.parameter_tree import unpack, walk, weight_update
 
@@ -39,5 +39,5 @@ class CflClient(FedcondClient):
         return self.model
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = CflClient

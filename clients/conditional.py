@@ -17,12 +17,19 @@ from typing import ClassVar
 import numpy as np
 from flwr.common import ArrayRecord
 
-from clients.fedcond_client import FedcondClient, Fitted
 from fedcond.data.client_data import ClientData, cached_client_data, client_fingerprint
 from fedcond.data.scenarios import scenario_for
+from fedcond.federation.client import FedcondClient, Fitted
+from fedcond.federation.messages import (
+    FINGERPRINT_MEAN,
+    FINGERPRINT_STD,
+    STEP,
+    STEP_STATISTICS,
+    TRAIN_LOSS,
+    array_from_bytes,
+)
 from fedcond.fingerprint import fingerprints as fp
 from fedcond.fingerprint import statistics_encoding
-from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, STEP, STEP_STATISTICS, TRAIN_LOSS, array_from_bytes
 from fedcond.model import head_fit
 from fedcond.model.networks import get_weights
 from fedcond.newcomers import NEWCOMER_FINGERPRINT, mismatched_participant, other_concept_cluster
@@ -107,9 +114,9 @@ class ConditionalClient(FedcondClient):
 
     def statistics_contribution(self) -> Fitted:
         """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1
-        (a training instruction that only SecAgg+'s mod delivers: clients/secagg_mod.py)."""
+        (a training instruction that only SecAgg+'s mod delivers: fedcond/federation/secagg_mod.py)."""
         return [statistics_encoding.encode(statistics_encoding.statistics_vector(self.raw_fingerprint()))], 1, {}
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = ConditionalClient

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.fedcond_client import FedcondClient
+from fedcond.federation.client import FedcondClient
 from fedcond.model.aggregation import DAC_NEIGHBOURS
 from fedcond.model.networks import Network, set_weights
 from fedcond.newcomers import lowest_loss_average
@@ -29,5 +29,5 @@ class DacClient(FedcondClient):
         return self.model
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = DacClient

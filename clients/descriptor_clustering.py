@@ -3,9 +3,9 @@ before round 1, its descriptor for the server to cluster (fedcond.fingerprint.de
 
 from __future__ import annotations
 
-from clients.fedcond_client import FedcondClient
 from fedcond.data.client_data import client_fingerprint
-from fedcond.messages import DESCRIPTOR, STEP, STEP_DESCRIPTOR, array_to_bytes
+from fedcond.federation.client import FedcondClient
+from fedcond.federation.messages import DESCRIPTOR, STEP, STEP_DESCRIPTOR, array_to_bytes
 
 
 class DescriptorClient(FedcondClient):
@@ -22,5 +22,5 @@ class DescriptorClient(FedcondClient):
         return super().answer_before_training(question)
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = DescriptorClient

@@ -6,8 +6,8 @@ import dataclasses
 
 import numpy as np
 
-from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.config import Option
+from fedcond.federation.client import Evaluated, FedcondClient, Fitted
 from fedcond.model.networks import set_weights
 from fedcond.model.training import ProximalTerm
 
@@ -41,5 +41,5 @@ class DittoClient(FedcondClient):
         return self.evaluate_model(personal, round_config)
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = DittoClient

@@ -3,7 +3,7 @@ Normalization"): FedAvg whose clients keep their own batch-norm layers."""
 
 from __future__ import annotations
 
-from clients.fedcond_client import FedcondClient
+from fedcond.federation.client import FedcondClient
 
 
 class FedBNClient(FedcondClient):
@@ -20,5 +20,5 @@ class FedBNClient(FedcondClient):
         return True
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = FedBNClient

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.fedcond_client import FedcondClient
 from fedcond.config import Option
+from fedcond.federation.client import FedcondClient
 from fedcond.model.networks import set_weights
 from fedcond.model.training import ProximalTerm
 
@@ -39,5 +39,5 @@ class FedProxClient(FedcondClient):
         return ProximalTerm(anchor=received, strength=mu)
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = FedProxClient

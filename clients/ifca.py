@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.fedcond_client import Evaluated, FedcondClient, Fitted
-from fedcond.messages import CHOICE, EVALUATE_CHOICE, TRAIN_LOSS
+from fedcond.federation.client import Evaluated, FedcondClient, Fitted
+from fedcond.federation.messages import CHOICE, EVALUATE_CHOICE, TRAIN_LOSS
 from fedcond.model.aggregation import lowest_loss_choice
 from fedcond.model.networks import Network, get_weights, set_weights
 
@@ -58,5 +58,5 @@ class IfcaClient(FedcondClient):
         return self.evaluate_model(self.model, round_config)
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = IfcaClient

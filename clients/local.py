@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.fedcond_client import Evaluated, FedcondClient, Fitted
-from fedcond.messages import TRAIN_LOSS
+from fedcond.federation.client import Evaluated, FedcondClient, Fitted
+from fedcond.federation.messages import TRAIN_LOSS
 from fedcond.model.networks import Network
 
 LOCAL_MODEL = "local-model"
@@ -32,5 +32,5 @@ class LocalClient(FedcondClient):
         return self.own_model()  # nobody else's: untrained until newcomer-steps train a copy
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = LocalClient

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.fedcond_client import Evaluated, FedcondClient, Fitted
 from fedcond.errors import FedcondError
-from fedcond.messages import (
+from fedcond.federation.client import Evaluated, FedcondClient, Fitted
+from fedcond.federation.messages import (
     ACCURACY,
     ADAPTED_ACCURACY,
     NEWCOMER_STEP,
@@ -56,5 +56,5 @@ class PFedHNClient(FedcondClient):
         return loss, examples, {**metrics, ADAPTED_ACCURACY: adapted}
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = PFedHNClient

@@ -7,8 +7,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.fedcond_client import Evaluated, FedcondClient, Fitted
-from fedcond.messages import PAYLOAD_PARTS, TRAIN_LOSS, pack_parts, unpack_parts
+from fedcond.federation.client import Evaluated, FedcondClient, Fitted
+from fedcond.federation.messages import PAYLOAD_PARTS, TRAIN_LOSS, pack_parts, unpack_parts
 from fedcond.model.networks import get_weights
 from fedcond.model.training import LocalTerm
 
@@ -103,5 +103,5 @@ class ScaffoldClient(FedcondClient):
         return self.evaluate_round(self.received(parameters, round_config)["model"], round_config)
 
 
-#: The class the ClientApp finds for this method by its name (clients.app.client_class).
+#: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).
 Client = ScaffoldClient

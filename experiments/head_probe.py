@@ -86,11 +86,11 @@ def client_outputs(model, images: np.ndarray, condition: np.ndarray | None) -> t
 def probe_run(folder: Path, data_dir: str) -> tuple[Any, dict[str, float]]:
     from fedcond.config import RunConfig
     from fedcond.data.client_data import client_fingerprint, load_client_data
+    from fedcond.federation.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, array_from_bytes
+    from fedcond.federation.methods import declared_options
     from fedcond.fingerprint import fingerprints as fp
-    from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, array_from_bytes
     from fedcond.model.networks import build_run_model, set_weights
     from fedcond.records.checkpoint import GLOBAL_MODEL, load_checkpoint, recorded_settings, run_info
-    from strategies.registry import declared_options
 
     info = run_info(folder)
     recorded = recorded_settings(folder, info)

@@ -1,6 +1,6 @@
 """Settings that belong to no one method, grouped by topic: the ones every client reads
 (``CLIENT_SHARED``) and the server optimiser of every method whose server averages a model
-(``SERVER_OPTIMISER``); the server's method table adds them and the server's own (strategies.registry).
+(``SERVER_OPTIMISER``); the server's method table adds them and the server's own (fedcond.federation.methods).
 Each option is declared next to the code that reads it; this module only groups them."""
 
 from __future__ import annotations

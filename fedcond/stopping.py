@@ -5,7 +5,7 @@ on Ray's workers. A terminal's Ctrl+C sends SIGINT to the whole process group, R
 included; a scheduler or ``kill`` sends SIGTERM. The main thread handles the signal (``handlers``):
 ``request`` first sets a process-wide event, then the main thread shuts the run down (Ray's workers
 die with it). The ServerApp thread learns of the stop here, before it records anything: a client
-failure (``fedcond.participation``), a history row or a ``run.json`` write (``fedcond.records.history``), a
+failure (``fedcond.federation.participation``), a history row or a ``run.json`` write (``fedcond.records.history``), a
 checkpoint (``fedcond.records.checkpoint``) each go through ``check`` or ``committing`` and are refused
 (``Interrupted``) once the event is set. The round under way is discarded; the run's folder keeps
 what it held when the stop began and says ``stopped`` (``mark_stopped``); the same command resumes it

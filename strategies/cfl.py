@@ -13,7 +13,7 @@ and the bipartition that minimises the largest cosine similarity between the two
 the cluster's model, each averaging its own clients' updates of the round. K is never given: a
 cluster splits again while the tests hold, down to clusters of ``cfl-min-cluster-size`` clients.
 With ``server-momentum`` (FedAvgM) each cluster is a FedAvgM stream of its own
-(``strategies.cluster_models``), and at a split both halves keep the parent's velocity.
+(``fedcond.federation.cluster_models``), and at a split both halves keep the parent's velocity.
 
 Where fedcond deviates, and why:
 - The paper checks its tests every round from the start; the authors' experiments wait 20 rounds
@@ -43,14 +43,14 @@ from sklearn.cluster import AgglomerativeClustering
 
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.messages import PARAMETER_TREE
+from fedcond.federation.cluster_models import ClusterModels
+from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.messages import PARAMETER_TREE
+from fedcond.federation.participation import EVALUATE
+from fedcond.federation.strategy import StrategyInputs
 from fedcond.model.aggregation import Model, vector_cosine_similarities
 from fedcond.model.networks import build_run_model, get_weights, trained_arrays
 from fedcond.model.parameter_tree import Split, header, pack, side_directions, weight_update
-from fedcond.participation import EVALUATE
-from strategies.base import StrategyInputs
-from strategies.cluster_models import ClusterModels
-from strategies.declaration import Declaration, Facts
 
 CFL_EPS1 = Option(
     "cfl-eps1", 0.8, "CFL: a cluster may split once the norm of its mean update is below this (ε1)", minimum=0

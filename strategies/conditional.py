@@ -16,19 +16,26 @@ from flwr.server.client_manager import ClientManager
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.federation.client_dp import CLIENT_DP
+from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.membership import PartitionProxy
+from fedcond.federation.messages import (
+    FINGERPRINT_MEAN,
+    FINGERPRINT_STD,
+    SERVER_ROUND,
+    STEP,
+    STEP_STATISTICS,
+    array_to_bytes,
+)
+from fedcond.federation.participation import STATISTICS, RoundParticipation
+from fedcond.federation.strategy import EMPTY
 from fedcond.fingerprint import fingerprints as fp
 from fedcond.fingerprint import statistics_encoding as statistics
-from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, STEP, STEP_STATISTICS, array_to_bytes
 from fedcond.model import head_fit
 from fedcond.model.aggregation import Model
 from fedcond.model.networks import run_fingerprint_size
 from fedcond.newcomers import NEWCOMER_FINGERPRINT, NEWCOMER_FINGERPRINTS
-from fedcond.participation import STATISTICS, RoundParticipation
-from strategies.base import EMPTY
-from strategies.client_dp import CLIENT_DP
-from strategies.declaration import Declaration, Facts
 from strategies.fedavg import FedcondFedAvg
-from strategies.membership import PartitionProxy
 
 
 def check_newcomer_fingerprint(config: RunConfig) -> None:

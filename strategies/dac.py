@@ -1,8 +1,40 @@
 """DAC (Zec et al.): a simulated peer-to-peer network; each client averages with its top-k peers by
 cosine similarity."""
 
-from strategies.declaration import KEEPS_MODEL_ON_DRIFT, Declaration, Facts
-from strategies.peer import DacStrategy
+from __future__ import annotations
+
+from flwr.common import Parameters, ndarrays_to_parameters
+
+from fedcond.federation.declaration import KEEPS_MODEL_ON_DRIFT, Declaration, Facts
+from fedcond.federation.peer import PeerToPeer
+from fedcond.model.aggregation import (
+    DAC_NEIGHBOURS,
+    Model,
+    cosine_similarities,
+    neighbourhood_average,
+    top_k_neighbours,
+)
+
+
+class DacStrategy(PeerToPeer):
+    """DAC (Listo Zec et al. 2022), the paper's variant: after local training each client averages
+    its model uniformly with its ``dac-neighbours`` most similar peers by cosine similarity of the
+    model parameters (the trained weights alone: batch norm's buffers left out; deterministic top-k,
+    ties to the lower partition id), among the clients that answered. Default k = 3.
+    """
+
+    options = (*PeerToPeer.options, DAC_NEIGHBOURS)
+    server_step_refusal = "each client averages its model with its most similar peers' (dac-neighbours of them)"
+
+    def newcomer_parameters(self, partition_id: int) -> Parameters:
+        """Every training client's model, one after another: the newcomer averages the ones with the
+        lowest loss on its own training data (clients.dac), having no model to compare by cosine."""
+        return ndarrays_to_parameters([array for pid in self.training_partitions for array in self.models[pid]])
+
+    def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
+        neighbours = top_k_neighbours(cosine_similarities(models, self.trained), DAC_NEIGHBOURS.of(self.inputs.config))
+        return neighbourhood_average(models, neighbours), sum(len(chosen) for chosen in neighbours)
+
 
 #: This method's one declaration: the method table finds it by this module's name.
 METHOD = Declaration(

@@ -6,12 +6,12 @@ from typing import Any
 
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
+from fedcond.federation.declaration import GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
+from fedcond.federation.strategy import FedcondStrategy, StrategyInputs
 from fedcond.model.aggregation import Model, weighted_average
 from fedcond.model.networks import build_run_model, get_weights, trained_arrays
 from fedcond.model.server_optimiser import ServerMomentum
 from fedcond.records.checkpoint import GLOBAL_MODEL
-from strategies.base import FedcondStrategy, StrategyInputs
-from strategies.declaration import GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
 
 
 class FedcondFedAvg(FedcondStrategy):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fedcond.config import RunConfig
 from fedcond.data.datasets import dataset_spec
 from fedcond.errors import FedcondError
+from fedcond.federation.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
 from fedcond.model.networks import has_batch_norm
-from strategies.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
 from strategies.fedavg import FedcondFedAvg
 
 

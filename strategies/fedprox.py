@@ -1,6 +1,6 @@
 """FedProx (Li et al. 2020): the server is FedAvg's; each client's training is pulled towards the model it received."""
 
-from strategies.declaration import FEDAVG_COMMUNICATION, GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
+from fedcond.federation.declaration import FEDAVG_COMMUNICATION, GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
 from strategies.fedavg import FedcondFedAvg
 
 #: This method's one declaration: the method table finds it by this module's name.

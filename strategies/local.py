@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from strategies.base import FedcondStrategy
-from strategies.declaration import Declaration, Facts
+from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.strategy import FedcondStrategy
 
 
 class LocalStrategy(FedcondStrategy):

@@ -1,8 +1,46 @@
 """Oracle: FedAvg within each true cluster, the reference no real method can be (the server reads the
 clusters from its own scenario)."""
 
-from strategies.cluster_models import OracleStrategy
-from strategies.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.common import Parameters
+from flwr.server.client_manager import ClientManager
+
+from fedcond.federation.cluster_models import ClusterModels
+from fedcond.federation.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
+from fedcond.federation.strategy import StrategyInputs, initial_weights
+
+
+class OracleStrategy(ClusterModels):
+    """Oracle: FedAvg within each true cluster, one model per cluster.
+
+    Oracle is the reference that is told the true clusters: its server reads each partition's cluster
+    from the simulation's scenario (ground truth no client sends, and no real method could know). It
+    shows what perfect clustering achieves; it is not a competitor. A held-out client evaluates its
+    true cluster's model.
+    """
+
+    serves_held_out_clients = True
+    uses_true_clusters = True
+    secure_aggregation_refusal = (
+        "Oracle averages within each true cluster, so each sum would run over one cluster and every client "
+        "would learn which nodes share its cluster (it exchanges keys with exactly those); it is the reference "
+        "told the true clusters: run it with secure-aggregation=none"
+    )
+
+    def __init__(self, inputs: StrategyInputs) -> None:
+        super().__init__(inputs, [initial_weights(inputs) for _ in range(inputs.config.num_clusters)])
+        self.assignment = dict(enumerate(inputs.true_clusters))
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> Any:
+        # Oracle is told: from drift-round on, a drifting client is served (and averaged into) the cluster
+        # whose data it now holds (fedcond.data.drift). Set before this round's fit and evaluate instructions.
+        if self.inputs.config.drift_round:
+            self.assignment = self.true_clusters_at(server_round)
+        return super().configure_fit(server_round, parameters, client_manager)
+
 
 #: This method's one declaration: the method table finds it by this module's name.
 METHOD = Declaration(

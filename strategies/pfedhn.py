@@ -47,7 +47,10 @@ from flwr.server.server import fit_clients
 
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.messages import (
+from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.exchange import message_timeout
+from fedcond.federation.membership import PartitionProxy
+from fedcond.federation.messages import (
     NEWCOMER_STEP,
     PAYLOAD_PARTS,
     PFEDHN_NEWCOMER_PARTS,
@@ -55,17 +58,14 @@ from fedcond.messages import (
     STEP_NEWCOMER_EMBEDDING,
     pack_parts,
 )
+from fedcond.federation.participation import FIT
+from fedcond.federation.round_record import answered_replies, parameters_bytes
+from fedcond.federation.strategy import FedcondStrategy, StrategyInputs
 from fedcond.model.aggregation import Model
 from fedcond.model.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
 from fedcond.model.networks import build_run_model
 from fedcond.newcomers import NEWCOMER_STEPS
-from fedcond.participation import FIT
 from fedcond.privacy.dp import DP_NOISE_MULTIPLIER
-from strategies.base import FedcondStrategy, StrategyInputs
-from strategies.declaration import Declaration, Facts
-from strategies.federation import message_timeout
-from strategies.membership import PartitionProxy
-from strategies.round_tracking import answered_replies, parameters_bytes
 
 #: A checkpoint's name of a client's batch-norm statistics, before its partition id.
 CLIENT_BUFFERS = "hypernetwork-buffers-"

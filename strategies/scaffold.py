@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedcond.messages import PAYLOAD_PARTS, pack_parts, unpack_parts
+from fedcond.federation.declaration import GLOBAL_NEWCOMER, Declaration, Facts
+from fedcond.federation.messages import PAYLOAD_PARTS, pack_parts, unpack_parts
+from fedcond.federation.participation import FIT
+from fedcond.federation.strategy import StrategyInputs
 from fedcond.model.aggregation import Model, weighted_average
-from fedcond.participation import FIT
-from strategies.base import StrategyInputs
-from strategies.declaration import GLOBAL_NEWCOMER, Declaration, Facts
 from strategies.fedavg import FedcondFedAvg
 
 

@@ -21,7 +21,7 @@ from flwr.common import Code, Context, EvaluateRes, FitRes, Parameters, Status
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 
-from fedcond.messages import ERROR, SERVER_ROUND
+from fedcond.federation.messages import ERROR, SERVER_ROUND
 
 # Ray actors unpickle the ClientApp, mods included: by value, as tests/ need not be importable there
 # (Ray adds only the driver's working directory to their path, and the tests change it).

@@ -39,7 +39,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Context
 from flwr.compat.common import recorddict_compat as compat
 
-from fedcond.messages import SERVER_ROUND
+from fedcond.federation.messages import SERVER_ROUND
 
 PAUSES = "FEDCOND_TEST_PAUSES"
 PAUSE_RUN = "FEDCOND_TEST_PAUSE_RUN"

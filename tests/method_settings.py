@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strategies.registry import get_method, registry
+from fedcond.federation.methods import get_method, registry
 
 
 def method_test_settings(method: str, folder: Path) -> dict[str, object]:

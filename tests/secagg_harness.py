@@ -1,9 +1,9 @@
 """SecAgg+ in one process, for the tests: Flower's workflow and fedcond's ClientApp, no Ray, no SuperLink.
 
-``InProcessGrid`` hands every message the server sends to the real ClientApp of ``clients/app.py``
+``InProcessGrid`` hands every message the server sends to the real ClientApp of ``fedcond/federation/client_app.py``
 (its mods included: SecAgg+'s, fedcond's checks, the clipping), one Flower ``Context`` per node that
 persists across messages as a SuperNode's does, and keeps every reply: what the server sees.
-``secure_round`` runs one aggregation through fedcond's ``strategies.secagg_workflow.run_secure_sum``.
+``secure_round`` runs one aggregation through fedcond's ``fedcond.federation.secagg_workflow.run_secure_sum``.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from clients.app import make_client_app
 from fedcond.config import RunConfig
 from fedcond.data.scenarios import scenario_for
-from fedcond.participation import FIT, RoundParticipation
+from fedcond.federation.client_app import make_client_app
+from fedcond.federation.membership import PartitionProxy
+from fedcond.federation.participation import FIT, RoundParticipation
+from fedcond.federation.secagg_workflow import SecureSum, run_secure_sum, workflow_for
+from fedcond.federation.strategy import StrategyInputs
 from fedcond.privacy.secure_aggregation import SecureAggregation
-from strategies.base import StrategyInputs
-from strategies.membership import PartitionProxy
-from strategies.secagg_workflow import SecureSum, run_secure_sum, workflow_for
 
 FIRST_NODE_ID = 1000
 

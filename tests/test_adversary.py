@@ -21,12 +21,12 @@ from flwr.compat.common import recorddict_compat as compat
 
 from fedcond.config import RunConfig
 from fedcond.data.client_data import client_fingerprint, load_client_data
+from fedcond.federation.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, array_to_bytes
+from fedcond.federation.methods import run_config
 from fedcond.fingerprint import fingerprints as fp
-from fedcond.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, SERVER_ROUND, array_to_bytes
 from fedcond.model.conditioning import MECHANISMS, conditions
 from fedcond.model.networks import build_run_model, get_weights
 from fedcond.privacy.attack import cosine_similarity, reconstruct_condition
-from strategies.registry import run_config
 from tests.secagg_harness import FIRST_NODE_ID, InProcessGrid, secure_round
 
 # 3 clusters x 2 clients on digits, one local epoch. Fingerprints of 64 values: a random direction has

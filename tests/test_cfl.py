@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from fedcond.errors import FedcondError
-from fedcond.messages import PARAMETER_TREE
+from fedcond.federation.messages import PARAMETER_TREE
+from fedcond.federation.participation import EVALUATE, FIT
 from fedcond.model.aggregation import vector_cosine_similarities
 from fedcond.model.parameter_tree import MOVED, STAYED, Split, header, pack, unpack, walk
-from fedcond.participation import EVALUATE, FIT
 from strategies.cfl import bipartition
 from tests.test_method_rules import constant_model, decoded, reply, strategy_for
 
@@ -146,8 +146,8 @@ def test_a_resumed_run_gets_its_tree_back_and_a_checkpoint_without_one_is_refuse
 
 
 def test_a_threshold_that_could_never_split_is_refused_in_one_line():
-    from strategies.checks import check_run
-    from strategies.registry import run_config
+    from fedcond.federation.checks import check_run
+    from fedcond.federation.methods import run_config
 
     with pytest.raises(FedcondError, match="cfl-eps1=0: no mean update is shorter than 0") as error:
         check_run(run_config({"method": "cfl", "cfl-eps1": 0}), load_data=False)
@@ -163,9 +163,9 @@ def test_on_digits_it_finds_the_true_clusters_and_serves_its_newcomers_from_them
     warm-up is over (eps1 above any mean update, eps2 below the largest: its norms are in run.json),
     so the test is of the split itself. It recovers the two clusters (ARI 1), a cluster of 3 cannot
     split into halves of 2, and the newcomers score about as the participants do."""
+    from fedcond.federation.methods import run_config
     from fedcond.tools.flwr_commands import default_config
     from fedcond.tools.in_process import run_in_process
-    from strategies.registry import run_config
 
     config = run_config({
         **default_config(), "method": "cfl", "num-clusters": 2, "clients-per-cluster": 3, "held-out-clients": 1,

@@ -47,7 +47,7 @@ def test_missing_and_corrupt_data_files_are_reported_before_training(tmp_path, c
 
 def test_compare_plans_newcomers_for_every_method(tmp_path, capsys):
     """Every federated method serves a newcomer by its own rule (fedcond.newcomers): nothing is refused."""
-    from strategies.registry import method_names
+    from fedcond.federation.methods import method_names
 
     out = tmp_path / "cmp"
     assert main(["compare", "--out", str(out), "--rounds", "1", "--dry-run", "held-out-clients=1"]) == 0
@@ -70,7 +70,7 @@ def test_a_selection_leaves_out_a_method_that_cannot_run_the_settings_and_says_w
     """``--methods competitors`` names every competitor; one whose checks refuse the run (FedBN without
     batch norm) is left out with its reason and off the method axis. Named, it is refused."""
     from fedcond.errors import FedcondError
-    from strategies.registry import method_names, registry
+    from fedcond.federation.methods import method_names, registry
 
     classes = [method.strategy for method in registry().values()]
     refusing = next(name for name in method_names("competitors") if classes.count(registry()[name].strategy) == 1)
@@ -92,9 +92,9 @@ def test_a_selection_leaves_out_a_method_that_cannot_run_the_settings_and_says_w
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].joinpath("experiments").glob("*.toml")))
 def test_every_experiment_file_is_a_valid_configuration(path):
+    from fedcond.federation.checks import check_run
+    from fedcond.federation.methods import run_config
     from fedcond.tools.flwr_commands import default_config, read_override_file
-    from strategies.checks import check_run
-    from strategies.registry import run_config
 
     overrides = read_override_file(str(path))
     assert overrides, f"{path.name} sets nothing"
@@ -109,9 +109,9 @@ def test_missing_experiment_file_is_reported(capsys):
 def test_a_named_variant_is_a_method_name_that_fixes_its_settings(tmp_path, capsys):
     """method=recommended is conditional with class-mean + hyper wherever a method name goes; a
     setting it fixes given another value is refused in one line, a default one takes its value."""
+    from fedcond.federation.methods import get_method, run_config
     from fedcond.tools.experiment import expand_methods
     from fedcond.tools.flwr_commands import default_config
-    from strategies.registry import get_method, run_config
 
     config = run_config({**default_config(), "method": "recommended"})  # Flower's merged run config
     assert (config.method, config.fingerprint, config.conditioning) == ("recommended", "class-mean", "hyper")

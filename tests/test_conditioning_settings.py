@@ -9,12 +9,14 @@ import pytest
 import torch
 from flwr.common import Code, EvaluateIns, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from clients.app import node_data
 from clients.conditional import ConditionalClient
-from clients.fedcond_client import LOCAL_NORM_KEY
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.messages import SERVER_ROUND
+from fedcond.federation.checks import check_run
+from fedcond.federation.client import LOCAL_NORM_KEY
+from fedcond.federation.client_app import node_data
+from fedcond.federation.messages import SERVER_ROUND
+from fedcond.federation.methods import run_config
 from fedcond.model.feature_norm import local_state, local_state_names, recompute_statistics
 from fedcond.model.networks import (
     ConditioningSettings,
@@ -27,8 +29,6 @@ from fedcond.model.networks import (
 from fedcond.model.training import evaluate
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import InProcessNode, plain_sum, run_in_process
-from strategies.checks import check_run
-from strategies.registry import run_config
 from tests.test_cifar import write_cifar10_folder
 
 CIFAR = (3, 32, 32)

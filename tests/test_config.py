@@ -5,10 +5,10 @@ import pytest
 from fedcond.config import Option, RunConfig
 from fedcond.data.scenarios import validate_without_data
 from fedcond.errors import FedcondError
+from fedcond.federation.checks import check_run
+from fedcond.federation.methods import declared_options, get_method, run_config
 from fedcond.model.conditioning import MECHANISMS
 from fedcond.tools.flwr_commands import default_config, parse_assignments
-from strategies.checks import check_run
-from strategies.registry import declared_options, get_method, run_config
 from tests.method_settings import method_test_settings
 
 
@@ -115,8 +115,8 @@ def test_cli_assignments_parse_toml_literals():
 
 
 def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless(monkeypatch, tmp_path):
+    from fedcond.federation.methods import flower_method_names
     from strategies.local import LocalStrategy
-    from strategies.registry import flower_method_names
 
     config = RunConfig(num_clusters=2, clients_per_cluster=3, held_out_clients=1)
     assert (config.num_clients, config.num_training_clients) == (8, 6)

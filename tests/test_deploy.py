@@ -22,10 +22,10 @@ import pytest
 from flwr.common import Context, RecordDict
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
-from clients.app import build_client, node_data
 from fedcond.config import RunConfig
 from fedcond.data.client_data import export_partitions, load_client_data, load_partition_file
 from fedcond.errors import FedcondError
+from fedcond.federation.client_app import build_client, node_data
 from fedcond.fingerprint.fingerprints import eigen_fingerprint
 from fedcond.tools.certificates import CERTIFICATE_SCRIPT, generate_certificates, generate_node_keys
 from fedcond.tools.cli import main
@@ -354,9 +354,9 @@ def test_the_fab_holds_the_apps_code_and_every_module_they_import(tmp_path):
         shipped = {name for name in fab.namelist() if name.endswith(".py")}
     script = (
         "import sys, pathlib\n"
-        "import clients.app, strategies.server_app\n"
+        "import fedcond.federation.client_app, fedcond.federation.server_app\n"
         "from fedcond.model.conditioning import MECHANISMS, mechanism\n"
-        "from strategies.registry import registry\n"
+        "from fedcond.federation.methods import registry\n"
         "classes = [(m.client, m.strategy) for m in registry().values()]  # imported when a run asks for them\n"
         "mechanisms = [mechanism(name) for name in MECHANISMS]\n"
         "root = pathlib.Path.cwd().resolve()\n"
@@ -367,7 +367,11 @@ def test_the_fab_holds_the_apps_code_and_every_module_they_import(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=app_directory(),
                             env={**os.environ, "PYTHONPATH": str(app_directory())}, check=True)  # fmt: skip
     imported = set(result.stdout.split())
-    assert {"clients/app.py", "strategies/server_app.py", "fedcond/model/training.py"} <= imported
+    assert {
+        "fedcond/federation/client_app.py",
+        "fedcond/federation/server_app.py",
+        "fedcond/model/training.py",
+    } <= imported
     assert imported <= shipped, sorted(imported - shipped)
     assert {name.split("/")[0] for name in shipped} == {"clients", "fedcond", "strategies"}  # no docs, results, tests
 

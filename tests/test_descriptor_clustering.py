@@ -1,4 +1,4 @@
-"""Descriptor clustering (fedcond.fingerprint.descriptor_clustering, strategies.cluster_models): DBSCAN finds K
+"""Descriptor clustering (fedcond.fingerprint.descriptor_clustering, fedcond.federation.cluster_models): DBSCAN finds K
 itself, noise and newcomers go to the nearest centroid, a clustering that finds nothing is refused,
 and with descriptors that recover the true clusters the method is Oracle, round for round."""
 
@@ -57,9 +57,9 @@ def test_what_the_server_found_survives_a_checkpoint():
 
 
 def run(tmp_path, method: str, **settings) -> tuple[list[dict[str, str]], dict]:
+    from fedcond.federation.methods import run_config
     from fedcond.tools.flwr_commands import default_config
     from fedcond.tools.in_process import run_in_process
-    from strategies.registry import run_config
 
     config = run_config({
         **default_config(), "method": method, "num-clusters": 3, "clients-per-cluster": 3, "held-out-clients": 1,
@@ -94,8 +94,8 @@ def test_with_descriptors_that_recover_the_true_clusters_it_is_oracle_round_for_
     ],
 )
 def test_what_descriptor_clustering_cannot_honour_is_refused_before_anything_starts(settings, message):
-    from strategies.checks import check_run
-    from strategies.registry import run_config
+    from fedcond.federation.checks import check_run
+    from fedcond.federation.methods import run_config
 
     with pytest.raises(FedcondError, match=message) as error:
         check_run(run_config({"method": "descriptor-clustering", "num-clusters": 2, **settings}), load_data=False)

@@ -12,10 +12,10 @@ import pytest
 from fedcond.data.drift import drift_partners
 from fedcond.data.scenarios import drift_partners_of
 from fedcond.errors import FedcondError
-from fedcond.messages import SERVER_ROUND
+from fedcond.federation.checks import check_run
+from fedcond.federation.messages import SERVER_ROUND
+from fedcond.federation.methods import run_config
 from fedcond.model.networks import get_weights
-from strategies.checks import check_run
-from strategies.registry import run_config
 from tests.test_method_rules import client_of, strategy_for
 
 DRIFT = {"num_clusters": 2, "clients_per_cluster": 2, "num_server_rounds": 6, "drift_fraction": 0.5,
@@ -68,7 +68,7 @@ def test_oracle_is_told_and_serves_a_drifted_client_its_new_clusters_model():
 
 def test_ifcas_ari_after_the_drift_is_against_the_clusters_the_clients_now_hold():
     """A drifted client choosing its new cluster's model recovers the clusters: ARI 1, not a mistake."""
-    from fedcond.messages import CHOICE
+    from fedcond.federation.messages import CHOICE
     from tests.test_method_rules import constant_model, reply
 
     strategy = strategy_for("ifca", **DRIFT)

@@ -162,8 +162,8 @@ def test_a_run_finished_before_a_setting_existed_counts_as_run_at_its_default(tm
     ],
 )
 def test_a_cifar_run_recorded_before_channels_last_was_its_default_keeps_its_layout(recorded, planned, kept):
+    from fedcond.federation.methods import run_config
     from fedcond.tools.experiment import comparable_config, with_later_settings
-    from strategies.registry import run_config
 
     plan = run_config({**default_config(), "dataset": "cifar10", **planned})
     record = plan.resolved().to_mapping()
@@ -474,13 +474,13 @@ def test_tidy_rows_name_the_fingerprint_and_conditioning_even_of_runs_recorded_b
 
 @pytest.mark.slow
 def test_a_failure_at_the_set_up_step_fails_that_run_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
-    import strategies.base
+    import fedcond.federation.strategy
 
     def broken_secure_sum(*_args: object) -> None:
         raise ValueError("the share step broke\n  on two lines")
 
     # The ServerApp runs in this process's thread, so the patch reaches the strategy's set-up step.
-    monkeypatch.setattr(strategies.base, "run_secure_sum", broken_secure_sum)
+    monkeypatch.setattr(fedcond.federation.strategy, "run_secure_sum", broken_secure_sum)
     out = tmp_path / "cmp"
     code = main([
         "compare", "--num-clusters", "2", "--clients-per-cluster", "1", "--rounds", "1",

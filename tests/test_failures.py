@@ -40,7 +40,9 @@ from flwr.server.server import evaluate_clients, fit_clients
 
 from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
-from fedcond.messages import (
+from fedcond.federation.exchange import classify_failure, failure_reason
+from fedcond.federation.membership import Membership
+from fedcond.federation.messages import (
     ACCURACY,
     CHOICE,
     ERROR,
@@ -51,13 +53,11 @@ from fedcond.messages import (
     PARTITION_ID,
     TRAIN_LOSS,
 )
+from fedcond.federation.methods import get_method, run_config
+from fedcond.federation.participation import EVALUATE, FAILED, TIMED_OUT, RoundParticipation, required_answers
+from fedcond.federation.strategy import EMPTY, FedcondStrategy, StrategyInputs
 from fedcond.model.training import check_not_diverged
-from fedcond.participation import EVALUATE, FAILED, TIMED_OUT, RoundParticipation, required_answers
 from fedcond.records.history import RunRecorder, results_folder
-from strategies.base import EMPTY, FedcondStrategy, StrategyInputs
-from strategies.federation import classify_failure, failure_reason
-from strategies.membership import Membership
-from strategies.registry import get_method, run_config
 from tests.method_settings import peer_to_peer_methods
 
 Reply = Callable[[int], FitRes]
@@ -571,7 +571,7 @@ def test_flowers_per_round_skipping_evaluation_line_is_not_printed():
     import flwr.server.server
     from flwr.common.logger import FLOWER_LOGGER
 
-    from strategies.server_app import NO_EVALUATION_LINE
+    from fedcond.federation.server_app import NO_EVALUATION_LINE
 
     assert f'"{NO_EVALUATION_LINE}"' in inspect.getsource(flwr.server.server)
     seen: list[str] = []

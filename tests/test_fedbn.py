@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 
-from clients.app import node_data
 from fedcond.errors import FedcondError
-from fedcond.messages import SERVER_ROUND
+from fedcond.federation.checks import check_run
+from fedcond.federation.client_app import node_data
+from fedcond.federation.messages import SERVER_ROUND
+from fedcond.federation.methods import run_config
 from fedcond.model.feature_norm import local_state_names, recompute_statistics
 from fedcond.model.networks import build_run_model, get_weights, set_weights
 from fedcond.model.training import evaluate
 from fedcond.tools.in_process import InProcessNode
-from strategies.checks import check_run
-from strategies.registry import run_config
 from tests.method_settings import method_test_settings
 
 

@@ -114,8 +114,8 @@ def test_the_label_free_fingerprint_reads_no_label_and_sees_which_classes_a_clie
 
 
 def test_a_label_free_fingerprint_asked_to_see_a_label_permutation_is_refused_in_one_line():
-    from strategies.checks import check_run
-    from strategies.registry import run_config
+    from fedcond.federation.checks import check_run
+    from fedcond.federation.methods import run_config
 
     with pytest.raises(FedcondError, match="eigen-x reads no labels, and concept-permutation's clusters differ only"):
         check_run(run_config({"fingerprint": "eigen-x", "scenario": "concept-permutation", "num-clusters": 2}))

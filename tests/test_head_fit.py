@@ -7,19 +7,19 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from clients.app import node_data
 from clients.conditional import ConditionalClient
 from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
-from fedcond.messages import SERVER_ROUND
+from fedcond.federation.checks import check_run
+from fedcond.federation.client_app import node_data
+from fedcond.federation.messages import SERVER_ROUND
+from fedcond.federation.methods import get_method, run_config
+from fedcond.federation.strategy import StrategyInputs
 from fedcond.model import head_fit
 from fedcond.model.networks import build_run_model, get_weights, set_weights
 from fedcond.model.training import train
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import InProcessNode, run_in_process
-from strategies.base import StrategyInputs
-from strategies.checks import check_run
-from strategies.registry import get_method, run_config
 
 RIDGE = {
     "method": "conditional", "dataset": "digits", "num-clusters": 3, "clients-per-cluster": 2,

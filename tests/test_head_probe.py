@@ -8,8 +8,8 @@ import csv
 
 import pytest
 
+from fedcond.federation.methods import run_config
 from fedcond.tools.in_process import run_in_process
-from strategies.registry import run_config
 from tests.scripts import load_script
 
 TINY = {"num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 2, "verbose": False}

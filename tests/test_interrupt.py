@@ -27,12 +27,12 @@ import pytest
 from fedcond import stopping
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.participation import FIT, RoundParticipation
+from fedcond.federation.membership import PartitionProxy
+from fedcond.federation.methods import run_config
+from fedcond.federation.participation import FIT, RoundParticipation
 from fedcond.records.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint, save_checkpoint
 from fedcond.records.history import RoundRecord, RunRecorder, mark_stopped, run_status
 from fedcond.tools.experiment import STOPPED, PlannedRun, run_one
-from strategies.membership import PartitionProxy
-from strategies.registry import run_config
 from tests.interrupted_compare import PAUSE_RUN, PAUSES, SIGNALLED
 
 ROOT = Path(__file__).resolve().parents[1]

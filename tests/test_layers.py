@@ -20,11 +20,28 @@ def project_modules() -> dict[str, Path]:
     return {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
 
 
+#: The layers above the core: the round protocol (Flower's adapters) and the command line on top.
+ABOVE_THE_CORE = ("fedcond.federation", "fedcond.tools")
+#: The protocol's client side: what a ClientApp process imports (never the server's modules).
+CLIENT_SIDE = {
+    f"fedcond.federation.{name}"
+    for name in ("client_app", "client", "secagg_mod", "clipping_mod", "messages", "participation")
+}
+
+
 def core_modules() -> list[str]:
-    """Everything in fedcond/ except the tools on top."""
+    """Everything in fedcond/ except the round protocol and the tools on top."""
     return sorted(
-        name for name in project_modules() if name.startswith("fedcond") and not name.startswith("fedcond.tools")
+        name for name in project_modules() if name.startswith("fedcond") and not name.startswith(ABOVE_THE_CORE)
     )
+
+
+def server_side_modules() -> list[str]:
+    """The protocol's server side: every module of fedcond.federation a ClientApp never needs."""
+    return sorted(
+        name for name in project_modules()
+        if name.startswith("fedcond.federation.") and name not in CLIENT_SIDE and name != "fedcond.federation"
+    )  # fmt: skip
 
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:
@@ -47,10 +64,12 @@ def test_the_core_imports_neither_flower_nor_the_flower_layer():
         "import sys\n"
         f"for name in {core_modules()!r}:\n"
         "    __import__(name)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flwr', 'clients', 'strategies')))\n"
+        "above = ('flwr', 'clients', 'strategies', 'fedcond.federation', 'fedcond.tools')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(above)))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
     assert "fedcond.model.training" in core_modules() and "fedcond.tools.cli" not in core_modules()
+    assert "fedcond.federation.server_app" not in core_modules()
     assert result.stdout.strip() == "[]"
 
 
@@ -82,20 +101,21 @@ def test_the_layers_point_one_way():
     modules = project_modules()
     for name, path in modules.items():
         imported = imports_of(path, set(modules))
-        if name.startswith(("clients", "strategies")):
+        if name in core_modules():
+            assert not any(target.startswith(ABOVE_THE_CORE) for target in imported), (name, imported)
+        if name.startswith(("clients", "strategies", "fedcond.federation")):
             assert not any(target.startswith("fedcond.tools") for target in imported), (name, imported)
-        if name.startswith("clients"):
+        if name.startswith("clients") or name in CLIENT_SIDE:
             # The ClientApp finds the method's client by its name: nothing of the server's.
-            assert not {t for t in imported if t.startswith("strategies")}, (name, imported)
+            server = {t for t in imported if t.startswith("strategies") or t in server_side_modules()}
+            assert not server, (name, server)
     # The method table finds the methods' modules by name and imports them when asked: it imports no
-    # client or strategy when it is imported (type hints, function bodies and the declarations' data
-    # classes aside).
-    tree = ast.parse(modules["strategies.registry"].read_text())
+    # client or strategy when it is imported.
+    tree = ast.parse(modules["fedcond.federation.methods"].read_text())
     top = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)] + [
         alias.name for n in tree.body if isinstance(n, ast.Import) for alias in n.names
     ]
-    strategy_or_client = [name for name in top if name and name.startswith(("clients", "strategies"))]
-    assert strategy_or_client == ["strategies.declaration"], top
+    assert not [name for name in top if name and name.startswith(("clients", "strategies"))], top
 
 
 @pytest.mark.slow
@@ -104,19 +124,19 @@ def test_a_clientapp_process_imports_no_server_or_report_libraries():
     round on every node. Building every method's client (each found by its name, a named variant's
     settings applied) loads its own client class and no strategy:
     scikit-learn (IFCA's ARI), scipy's sparse SVD (computing a fingerprint, once per node), plotting,
-    the tools and the server's strategies stay out of it."""
-    from strategies.registry import flower_method_names
+    the tools, the server's strategies and the protocol's server side stay out of it."""
+    from fedcond.federation.methods import flower_method_names
 
     script = (
         "import sys\n"
-        "import clients.app\n"
+        "from fedcond.federation import client_app\n"
         "from flwr.common import Context, RecordDict\n"
         f"for method in {flower_method_names()!r}:\n"
         "    context = Context(0, 0, {'partition-id': 0, 'num-partitions': 4}, RecordDict(), {})\n"
         "    settings = {'method': method, 'num-clusters': 2, 'clients-per-cluster': 2}\n"
-        "    clients.app.build_client(context, clients.app.client_run_config(settings))\n"
+        "    client_app.build_client(context, client_app.client_run_config(settings))\n"
         "heavy = ('sklearn', 'scipy.stats', 'scipy.sparse.linalg', 'matplotlib', 'fedcond.tools', 'ray')\n"
-        "heavy += ('strategies.',)\n"
+        f"heavy += ('strategies.', *{server_side_modules()!r})\n"
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
     )
     from fedcond.data.datasets import load_dataset
@@ -148,3 +168,12 @@ def test_the_core_is_filed_by_concern():
     packages = sorted(path.parent.name for path in (ROOT / "fedcond").glob("*/__init__.py"))
     assert set(CONCERNS) <= set(packages), packages
     assert len(top_modules) <= 12, f"{len(top_modules)} modules directly under fedcond/: file them by concern"
+
+
+def test_strategies_and_clients_hold_only_methods():
+    """A method is its strategy module (``METHOD``) and its client module (``Client``), found by name:
+    the protocol they share lives in fedcond/federation/, never beside them."""
+    for folder, name in (("strategies", "\nMETHOD = Declaration("), ("clients", "\nClient = ")):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            if path.name != "__init__.py":
+                assert name in path.read_text(), f"{folder}/{path.name} is no method: move it to fedcond/federation/"

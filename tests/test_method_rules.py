@@ -15,12 +15,12 @@ from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_p
 from fedcond.config import RunConfig
 from fedcond.data.client_data import load_client_data
 from fedcond.data.scenarios import scenario_for
-from fedcond.messages import CHOICE, SERVER_ROUND, TRAIN_LOSS
+from fedcond.federation.declaration import NEWCOMER_RULES
+from fedcond.federation.messages import CHOICE, SERVER_ROUND, TRAIN_LOSS
+from fedcond.federation.methods import get_method, held_out_methods
+from fedcond.federation.participation import EVALUATE, FIT
+from fedcond.federation.strategy import StrategyInputs
 from fedcond.model.networks import get_weights
-from fedcond.participation import EVALUATE, FIT
-from strategies.base import StrategyInputs
-from strategies.declaration import NEWCOMER_RULES
-from strategies.registry import get_method, held_out_methods
 
 SMALL = {"num_clusters": 2, "clients_per_cluster": 2, "local_epochs": 1}
 
@@ -41,7 +41,7 @@ def reply(model, samples: int, **metrics) -> FitRes:
 
 def constant_model(strategy, value: float) -> list[np.ndarray]:
     """A model of the run's shape whose every entry is ``value``."""
-    from strategies.base import initial_weights
+    from fedcond.federation.strategy import initial_weights
 
     return [np.full_like(array, value) for array in initial_weights(strategy.inputs)]
 
@@ -141,7 +141,7 @@ def test_local_keeps_nothing_on_the_server():
     assert strategy.initial_global().tensors == []
 
 
-# Where each kind of newcomer rule (``strategies.registry.NEWCOMER_RULES``, which every method's
+# Where each kind of newcomer rule (``fedcond.federation.methods.NEWCOMER_RULES``, which every method's
 # declared Facts name) is tested on hand-made models: a new kind of rule needs its test here.
 RULE_TESTS = {
     "global": "test_a_newcomer_gets_the_global_model_where_that_is_its_methods_rule",
@@ -161,7 +161,7 @@ RULE_TESTS = {
 
 def newcomer_rule(method: str) -> str:
     facts = get_method(method).facts
-    assert facts is not None, f"{method} declares no Facts in strategies/registry.py"
+    assert facts is not None, f"{method} declares no Facts in fedcond/federation/methods.py"
     return facts.newcomer_rule
 
 
@@ -235,7 +235,7 @@ def test_fedprox_pulls_each_clients_training_towards_the_model_it_received():
 
 @pytest.mark.parametrize("method", [m for m in held_out_methods() if newcomer_rule(m) == "global with its fingerprint"])
 def test_a_conditioned_client_feeds_the_model_its_own_normalised_fingerprint(method, monkeypatch):
-    import clients.fedcond_client as fedcond_client
+    import fedcond.federation.client as fedcond_client
 
     seen = []
     real_evaluate = fedcond_client.evaluate
@@ -277,7 +277,7 @@ def test_a_cfl_newcomer_trains_at_the_split_and_follows_the_side_its_update_agre
     """One split of cluster 0 (its model says 9) into 0 (says 9) and 1 (says 0). The newcomer holds
     classes 0-4: training the split's model raises the output biases of 0-4, so it follows the side
     whose clients' updates did that, and is served that side's model, wherever that side is."""
-    from fedcond.messages import PARAMETER_TREE
+    from fedcond.federation.messages import PARAMETER_TREE
     from fedcond.model.parameter_tree import Split, header, pack
 
     newcomer = newcomer_of("cfl")
@@ -333,7 +333,7 @@ def test_a_local_newcomer_has_only_its_own_untrained_model_until_its_steps_train
 
 
 def test_newcomer_steps_train_a_copy_for_exactly_that_many_steps_and_keep_the_served_model(monkeypatch):
-    import clients.fedcond_client as fedcond_client
+    import fedcond.federation.client as fedcond_client
 
     batches = []
     real_train = fedcond_client.train

@@ -70,7 +70,7 @@ def client_of(method, partition_id=0):
 
     from fedcond.config import RunConfig
     from fedcond.data.client_data import load_client_data
-    from strategies.registry import get_method
+    from fedcond.federation.methods import get_method
 
     config = RunConfig(method=method, num_clusters=2, clients_per_cluster=2, local_epochs=1)
     chosen = get_method(method)
@@ -110,7 +110,7 @@ def test_local_never_mixes_anything():
     second = client.stored_model("local-model")
     assert all(np.abs(w).max() < 100 for w in get_weights(second))
     assert any(not np.array_equal(a, b) for a, b in zip(get_weights(first), get_weights(second), strict=True))
-    from strategies.base import FedcondStrategy
+    from fedcond.federation.strategy import FedcondStrategy
     from strategies.local import LocalStrategy
 
     assert LocalStrategy.combine is FedcondStrategy.combine  # the server has nothing to combine

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from fedcond.errors import FedcondError
+from fedcond.federation.checks import check_run
+from fedcond.federation.methods import run_config
 from fedcond.newcomers import mismatched_participant, other_concept_cluster
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import run_in_process
-from strategies.checks import check_run
-from strategies.registry import run_config
 
 
 def test_the_other_concept_is_the_other_groups_cluster_of_the_same_subclasses():

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fedcond.config import RunConfig
+from fedcond.federation.methods import flower_method_names, get_method, run_config
 from fedcond.tools.in_process import run_in_process
-from strategies.registry import flower_method_names, get_method, run_config
 from tests.method_settings import method_test_settings
 
 # Every federated method of the registry and every named variant: a new method is compared too.
@@ -106,7 +106,7 @@ def test_every_method_runs_with_a_sample_of_clients_and_twice_gives_the_same_his
 
 
 def test_the_sample_is_the_seed_and_the_round_alone_as_a_resumed_run_needs():
-    from strategies.sampling import sample_partitions
+    from fedcond.federation.sampling import sample_partitions
 
     rounds = [sample_partitions(0, server_round, range(100), 10) for server_round in range(1, 6)]
     assert rounds == [sample_partitions(0, server_round, range(100), 10) for server_round in range(1, 6)]
@@ -129,14 +129,14 @@ def test_the_sample_is_the_seed_and_the_round_alone_as_a_resumed_run_needs():
 )  # fmt: skip
 def test_bad_sampling_settings_are_refused_in_one_line_before_anything_starts(settings, message):
     from fedcond.errors import FedcondError
-    from strategies.checks import check_run
+    from fedcond.federation.checks import check_run
 
     with pytest.raises(FedcondError, match=message.replace("(", r"\(")):
         check_run(run_config({"method": "fedavg", "num-clusters": 2, "clients-per-cluster": 2, **settings}))
 
 
 def test_client_level_dp_adds_its_noise_over_the_sample_and_accounts_for_the_sampling_rate(tmp_path):
-    from strategies.client_dp import describe
+    from fedcond.federation.client_dp import describe
 
     dp = {"client-dp": "server-side", "client-dp-noise-multiplier": 0.1, "min-answered-fraction": 1.0}
     recorder, messages = sampled_run("fedavg", tmp_path, **dp)

@@ -8,13 +8,13 @@ from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
 
-from clients.app import make_client_app
 from fedcond.config import RunConfig
 from fedcond.data import client_data
 from fedcond.errors import FedcondError
+from fedcond.federation.client_app import make_client_app
+from fedcond.federation.methods import run_config
 from fedcond.model import aggregation as agg
 from fedcond.model.networks import build_run_model, get_weights
-from strategies.registry import run_config
 from tests.scripts import load_script
 
 
@@ -125,7 +125,7 @@ def benchmark_module():
 
 
 def test_the_bare_loop_averages_and_shuffles_as_the_framework_does():
-    from clients.fedcond_client import FedcondClient
+    from fedcond.federation.client import FedcondClient
 
     bench = benchmark_module()
     rng = np.random.default_rng(7)
@@ -145,9 +145,9 @@ def test_the_sampled_bare_loop_trains_and_scores_the_clients_fedcond_does(tmp_pa
     FedAvg under the same sample (trained clients, and the clients that score each round's model)."""
     import csv
 
+    from fedcond.federation.methods import run_config
     from fedcond.tools.flwr_commands import default_config
     from fedcond.tools.in_process import run_in_process
-    from strategies.registry import run_config
 
     settings = {"dataset": "digits", "num-clusters": 2, "clients-per-cluster": 3, "num-server-rounds": 4,
                 "clients-per-round": 2, "evaluate-every": 2, "data-fraction": 1.0}  # fmt: skip
@@ -185,7 +185,7 @@ def test_an_actor_gets_as_many_torch_threads_as_ray_gave_it_cpus(monkeypatch):
     import sys
     import types
 
-    from clients.app import threads_for_this_actor
+    from fedcond.federation.client_app import threads_for_this_actor
 
     class Runtime:
         def get_assigned_resources(self) -> dict[str, float]:

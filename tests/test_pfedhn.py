@@ -10,9 +10,9 @@ import pytest
 import torch
 from flwr.common import parameters_to_ndarrays
 
+from fedcond.federation.participation import EVALUATE, FIT
 from fedcond.model.hypernetwork import HyperNetwork, HyperNetworkTrainer, NewcomerEmbedding
 from fedcond.model.networks import get_weights
-from fedcond.participation import EVALUATE, FIT
 from tests.test_method_rules import reply, strategy_for
 
 
@@ -145,7 +145,7 @@ def test_a_newcomers_step_moves_its_own_embeddings_model_towards_what_it_returne
 
 
 def test_a_newcomer_client_takes_one_step_per_exchange_and_scores_both_models():
-    from fedcond.messages import (
+    from fedcond.federation.messages import (
         ADAPTED_ACCURACY,
         NEWCOMER_STEP,
         PAYLOAD_PARTS,
@@ -190,7 +190,7 @@ def test_the_hypernetwork_and_its_momentum_survive_a_checkpoint():
 def test_each_clients_batch_norm_statistics_survive_a_checkpoint(tmp_path):
     from fedcond.config import RunConfig
     from fedcond.data.scenarios import scenario_for
-    from strategies.base import StrategyInputs
+    from fedcond.federation.strategy import StrategyInputs
     from strategies.pfedhn import PFedHNStrategy
     from tests.test_cifar import write_cifar10_folder
 
@@ -208,8 +208,8 @@ def test_each_clients_batch_norm_statistics_survive_a_checkpoint(tmp_path):
 
 def test_an_embedding_of_size_0_and_dp_sgd_with_newcomer_steps_are_refused_in_one_line():
     from fedcond.errors import FedcondError
-    from strategies.checks import check_run
-    from strategies.registry import run_config
+    from fedcond.federation.checks import check_run
+    from fedcond.federation.methods import run_config
 
     with pytest.raises(FedcondError, match="pfedhn-embedding-dim must be at least 1") as error:
         run_config({"method": "pfedhn", "pfedhn-embedding-dim": 0})
@@ -229,9 +229,9 @@ def test_on_digits_its_newcomers_learned_embeddings_serve_them_better_than_the_m
     the mean embedding's, and every exchange is counted (a model each way per step and newcomer)."""
     import csv
 
+    from fedcond.federation.methods import run_config
     from fedcond.tools.flwr_commands import default_config
     from fedcond.tools.in_process import run_in_process
-    from strategies.registry import run_config
 
     config = run_config({
         **default_config(), "method": "pfedhn", "num-clusters": 2, "clients-per-cluster": 3, "held-out-clients": 1,

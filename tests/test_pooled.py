@@ -10,12 +10,12 @@ import torch
 from fedcond.config import RunConfig
 from fedcond.data.client_data import client_fingerprint, load_client_data
 from fedcond.errors import FedcondError
+from fedcond.federation.methods import federated, get_method, method_names
 from fedcond.fingerprint.fingerprints import mean_and_std, standardise
 from fedcond.model.networks import build_model
 from fedcond.model.training import TrainSettings, train
 from fedcond.pooled import normalised_fingerprints, run_pooled
 from fedcond.tools.experiment import expand_methods
-from strategies.registry import federated, get_method, method_names
 
 
 def small(method: str, **extra: object) -> RunConfig:

@@ -25,23 +25,23 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from torch import nn
 
-from clients.clipping import client_dp_clipping_mod
 from fedcond.config import RunConfig
 from fedcond.data.client_data import client_fingerprint, load_client_data
 from fedcond.errors import FedcondError
+from fedcond.federation.checks import check_run
+from fedcond.federation.client_dp import ServerSideClientDp
+from fedcond.federation.clipping_mod import client_dp_clipping_mod
+from fedcond.federation.messages import ERROR
+from fedcond.federation.methods import run_config
+from fedcond.federation.strategy import EMPTY, StrategyInputs
 from fedcond.fingerprint import fingerprints as fp
-from fedcond.messages import ERROR
 from fedcond.model.conditioning import MECHANISMS, conditions
 from fedcond.model.networks import build_model, build_run_model, get_weights
 from fedcond.model.training import DpSgd, ProximalTerm, TrainSettings, train, train_private
 from fedcond.privacy import dp as privacy
 from fedcond.privacy.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
 from fedcond.tools.experiment import Experiment, record_experiment
-from strategies.base import EMPTY, StrategyInputs
-from strategies.checks import check_run
-from strategies.client_dp import ServerSideClientDp
 from strategies.fedavg import FedcondFedAvg
-from strategies.registry import run_config
 from tests.scripts import load_script
 
 # Two clusters of one client each on digits, one local epoch: ~70 training samples per client.

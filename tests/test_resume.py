@@ -21,7 +21,8 @@ import torch
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.participation import EVALUATE, FIT
+from fedcond.federation.methods import run_config
+from fedcond.federation.participation import EVALUATE, FIT
 from fedcond.pooled import run_pooled
 from fedcond.records import locks
 from fedcond.records.checkpoint import (
@@ -38,7 +39,6 @@ from fedcond.tools.experiment import Experiment, run_experiment
 from fedcond.tools.flwr_commands import prepare
 from fedcond.tools.processes import alive
 from fedcond.tools.simulation import simulate
-from strategies.registry import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # Columns that must agree between a resumed and an uninterrupted run: everything but wall time.
@@ -72,7 +72,8 @@ def kill_after_round(
     """Run ``config`` in a process of its own and SIGKILL it (and every process it started) as soon
     as the checkpoint of ``round_number`` exists and ``history.csv`` has ``history_rows`` rounds."""
     script = (
-        "import json, sys\nfrom strategies.registry import run_config\nfrom fedcond.tools.simulation import simulate\n"
+        "import json, sys\nfrom fedcond.federation.methods import run_config\n"
+        "from fedcond.tools.simulation import simulate\n"
         # Its ClientApps in it, with this process's torch threads: the same numbers as this test's runs.
         "from tests.thread_backend import install\ninstall()\nimport torch\ntorch.set_num_threads(int(sys.argv[2]))\n"
         "simulate(run_config(json.loads(sys.argv[1])))\n"
@@ -280,7 +281,7 @@ def test_plain_flwr_run_resume_needs_the_recorded_settings(tmp_path):
 def test_a_plain_flwr_run_resume_must_give_its_rounds_or_pyprojects_would_silently_extend_it(tmp_path):
     """Flower's override_config says which keys --run-config gave; the ServerApp refuses a resume
     without num-server-rounds rather than run to pyproject.toml's 10 rounds."""
-    from strategies.server_app import check_resumed_rounds
+    from fedcond.federation.server_app import check_resumed_rounds
 
     folder, recorded = checkpointed_run(tmp_path)
     config = RESUME.set(run_config({**default_config(), **recorded.to_mapping()}), str(folder))
@@ -436,8 +437,8 @@ def test_compare_refuses_a_run_folder_another_process_is_running_in(tmp_path):
 
 def methods_with_server_state() -> list[str]:
     """Every registered method whose server holds more than the global model (it extends ``state``)."""
-    from strategies.base import FedcondStrategy
-    from strategies.registry import registry
+    from fedcond.federation.methods import registry
+    from fedcond.federation.strategy import FedcondStrategy
 
     return [name for name, m in registry().items() if m.strategy and m.strategy.state is not FedcondStrategy.state]
 
@@ -445,7 +446,7 @@ def methods_with_server_state() -> list[str]:
 def test_the_methods_whose_server_keeps_state_are_those_that_declare_it():
     """A method that keeps per-cluster or per-client models must extend ``state`` (the checkpoint
     saves only what it returns), and one that extends it says so in its Facts."""
-    from strategies.registry import registry
+    from fedcond.federation.methods import registry
 
     declared = {name for name, method in registry().items() if method.facts and method.facts.server_state}
     assert set(methods_with_server_state()) == declared and "oracle" in declared
@@ -460,9 +461,9 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
     from fedcond.data.scenarios import scenario_for
-    from fedcond.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
-    from strategies.base import StrategyInputs, initial_weights
-    from strategies.registry import get_method
+    from fedcond.federation.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
+    from fedcond.federation.methods import get_method
+    from fedcond.federation.strategy import StrategyInputs, initial_weights
 
     # CFL: thresholds under which round 1's random updates split the cluster, so that a split is restored.
     splitting = {"cfl-warmup-rounds": 0, "cfl-eps1": 1e6, "cfl-eps2": 0, "cfl-min-cluster-size": 1}

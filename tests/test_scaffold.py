@@ -12,13 +12,13 @@ from torch import nn
 from clients.scaffold import ControlCorrection, step_weight, updated_control
 from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
-from fedcond.messages import PAYLOAD_PARTS, TRAIN_LOSS, pack_parts, unpack_parts
+from fedcond.federation.messages import PAYLOAD_PARTS, TRAIN_LOSS, pack_parts, unpack_parts
+from fedcond.federation.methods import run_config
+from fedcond.federation.participation import FIT
+from fedcond.federation.strategy import StrategyInputs
 from fedcond.model.training import MomentumSGD
-from fedcond.participation import FIT
 from fedcond.tools.experiment import read_history
 from fedcond.tools.simulation import simulate
-from strategies.base import StrategyInputs
-from strategies.registry import run_config
 from strategies.scaffold import ScaffoldStrategy
 
 
@@ -109,7 +109,7 @@ def test_a_reply_without_its_named_parts_is_refused_in_one_line():
     ],
 )
 def test_what_scaffold_cannot_serve_is_refused_before_anything_starts(settings, refusal):
-    from strategies.checks import check_run
+    from fedcond.federation.checks import check_run
 
     with pytest.raises(FedcondError, match=refusal):
         check_run(run_config({"method": "scaffold", **settings}).resolved())

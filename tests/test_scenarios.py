@@ -237,8 +237,8 @@ def test_a_partition_without_clusters_is_refused_in_one_line_where_it_cannot_be(
     ],
 )
 def test_what_needs_true_clusters_is_refused_on_a_partition_without_them(settings, message):
-    from strategies.checks import check_run
-    from strategies.registry import run_config
+    from fedcond.federation.checks import check_run
+    from fedcond.federation.methods import run_config
 
     with pytest.raises(FedcondError, match=message):
         check_run(run_config({"scenario": "dirichlet", "num-clusters": 1, "clients-per-cluster": 6, **settings}))

@@ -1,7 +1,7 @@
 """``server-momentum`` and ``server-learning-rate``: FedAvgM on the server of every method whose server
 averages a model (``fedcond/model/server_optimiser.py``): the global model of the FedAvg family
 (``strategies/fedavg.py``), each cluster model of Oracle, IFCA, CFL and descriptor clustering
-(``strategies/cluster_models.py``); refused by the methods whose server averages none."""
+(``fedcond/federation/cluster_models.py``); refused by the methods whose server averages none."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from flwr.server.strategy import FedAvgM
 
 from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
-from fedcond.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
+from fedcond.federation.checks import check_run
+from fedcond.federation.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
+from fedcond.federation.methods import get_method, run_config
+from fedcond.federation.strategy import StrategyInputs
 from fedcond.model.aggregation import weighted_average
 from fedcond.model.networks import build_model, build_run_model, trained_arrays
 from fedcond.model.server_optimiser import SERVER_MOMENTUM, ServerMomentum
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import run_in_process
-from strategies.base import StrategyInputs
-from strategies.checks import check_run
-from strategies.registry import get_method, run_config
 
 BUFFERS = {"running_mean", "running_var", "num_batches_tracked"}
 SMALL = {"num-clusters": 2, "clients-per-cluster": 2, "verbose": False}
@@ -125,7 +125,7 @@ def test_a_run_with_server_momentum_trains_and_records_a_different_history(tmp_p
 
 
 def test_a_variant_may_fix_a_method_option_and_a_clientapp_reads_it_from_flowers_merged_config():
-    from clients.app import client_run_config
+    from fedcond.federation.client_app import client_run_config
     from fedcond.tools.flwr_commands import default_config
     from fedcond.variants import VARIANTS
 
@@ -323,7 +323,7 @@ def test_plain_settings_make_no_optimiser_and_keep_no_velocity(method, tmp_path)
 def test_every_federated_method_either_averages_a_model_or_says_why_not():
     """The two lists above are the method table's, split by each strategy's ``server_step_refusal``:
     a new method lands in one of them (and in the tests over it) by what its strategy declares."""
-    from strategies.registry import method_names
+    from fedcond.federation.methods import method_names
 
     refusals = {name: get_method(name).strategy.server_step_refusal
                 for name in [*method_names("all"), *method_names("competitors")]}  # fmt: skip
@@ -361,7 +361,7 @@ def test_oracle_with_momentum_resumed_after_round_2_equals_the_uninterrupted_run
     """FedAvgM's velocities (one per cluster model) are in the checkpoint: Oracle stopped before round 3
     and resumed computes round 3 as the run that never stopped, to the last bit of every model."""
     from fedcond.records.checkpoint import RESUME, load_checkpoint
-    from strategies.cluster_models import OracleStrategy
+    from strategies.oracle import OracleStrategy
     from tests.test_resume import assert_same_models, history
 
     def config(name: str):

@@ -11,8 +11,8 @@ import pytest
 
 from fedcond.config import RunConfig
 from fedcond.data.scenarios import SCENARIOS
+from fedcond.federation.methods import flower_method_names, get_method, registry, run_config
 from fedcond.tools.simulation import simulate
-from strategies.registry import flower_method_names, get_method, registry, run_config
 from tests.faults import FIT, HANG, RAISE, REPORT, Fault
 from tests.method_settings import method_test_settings
 
@@ -330,7 +330,7 @@ def test_the_server_takes_its_nodes_as_soon_as_they_are_connected(tmp_path):
     from flwr.server import SimpleClientManager
     from flwr.server.compat.app_utils import start_update_client_manager_thread
 
-    from strategies.federation import all_clients
+    from fedcond.federation.exchange import all_clients
 
     grid = SimpleNamespace(get_node_ids=lambda: [11, 12, 13, 14], run=SimpleNamespace(run_id=1))
     manager = SimpleClientManager()

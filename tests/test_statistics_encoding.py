@@ -11,14 +11,14 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 
 from fedcond.data.client_data import client_fingerprint, load_client_data
 from fedcond.errors import FedcondError
+from fedcond.federation.checks import check_run
+from fedcond.federation.membership import PartitionProxy
+from fedcond.federation.messages import SERVER_ROUND, STEP, STEP_STATISTICS
+from fedcond.federation.methods import run_config
+from fedcond.federation.participation import STATISTICS, RoundParticipation
+from fedcond.federation.secagg_workflow import run_secure_sum, workflow_for
 from fedcond.fingerprint import fingerprints as fp
 from fedcond.fingerprint import statistics_encoding
-from fedcond.messages import SERVER_ROUND, STEP, STEP_STATISTICS
-from fedcond.participation import STATISTICS, RoundParticipation
-from strategies.checks import check_run
-from strategies.membership import PartitionProxy
-from strategies.registry import run_config
-from strategies.secagg_workflow import run_secure_sum, workflow_for
 from tests.secagg_harness import FIRST_NODE_ID, InProcessGrid
 
 
@@ -87,7 +87,7 @@ def test_the_statistics_through_secaggplus_are_the_exact_sums_and_survive_a_drop
     np.testing.assert_allclose(std, np.std(raws, axis=0), atol=1e-6)
 
     # Dropouts before their keys are shared (Flower's workflow alone could not finish then: see
-    # strategies.secagg_workflow.SecAggPlus): left out, and the sum goes on without them.
+    # fedcond.federation.secagg_workflow.SecAggPlus): left out, and the sum goes on without them.
     def early_dropouts(message, partition):
         stage = message.content.config_records.get(RECORD_KEY_CONFIGS, {}).get(Key.STAGE)
         if (partition, stage) in ((2, Stage.SETUP), (3, Stage.SHARE_KEYS)):

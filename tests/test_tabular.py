@@ -167,7 +167,7 @@ def test_regression_refuses_per_class_fingerprints_and_scores_and_non_finite_tar
     with pytest.raises(FedcondError, match="fingerprint class-mean summarises each class, and synthetic-linear"):
         validate_without_data(RunConfig.from_mapping({**LINEAR, "fingerprint": "class-mean"}))
     validate_without_data(RunConfig.from_mapping({**LINEAR, "fingerprint": "eigenvector", "fingerprint-dim": 11}))
-    from strategies.registry import run_config
+    from fedcond.federation.methods import run_config
 
     with pytest.raises(FedcondError, match="per-class-accuracy scores classes, and synthetic-linear is a regression"):
         validate_without_data(run_config({**LINEAR, "per-class-accuracy": True}))

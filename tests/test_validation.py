@@ -14,9 +14,9 @@ import pytest
 from fedcond.data.client_data import client_fingerprint, load_client_data, load_partition_file, save_partition
 from fedcond.data.scenarios import scenario_for, validation_split
 from fedcond.errors import FedcondError
+from fedcond.federation.methods import run_config
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import run_in_process
-from strategies.registry import run_config
 
 SMALL = {"num-clusters": 2, "clients-per-cluster": 2, "verbose": False}
 

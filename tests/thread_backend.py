@@ -8,7 +8,7 @@ as Ray pickles them to its actors, so nothing the clients share by reference goe
 
 Why: a Ray start, its actor pool and its shutdown cost 10-15 s per run alone and 25-60 s on a busy
 2-core machine, against a second or two of training in a test. The tests marked ``ray`` keep the
-real backend (virtual clients in processes of their own, ``clients.app``'s thread rule, pickling
+real backend (virtual clients in processes of their own, ``fedcond.federation.client_app``'s thread rule, pickling
 the ClientApp by value); every other simulation in the suite runs here (``tests/conftest.py``).
 
 Flower 1.42's runtime builds its only backend as ``raybackend.RayBackend(config)`` at the start of

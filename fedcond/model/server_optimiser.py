@@ -15,11 +15,11 @@ are not, so the rule lives here and each strategy calls it on the average it alr
 
 - one global model (FedAvg, Conditional, Ditto, FedProx, FedBN, SCAFFOLD: ``strategies/fedavg.py``),
   with or without SecAgg+: one ``ServerMomentum``;
-- one model per cluster (Oracle, IFCA, CFL, descriptor clustering: ``strategies/cluster_models.py``):
+- one model per cluster (Oracle, IFCA, CFL, descriptor clustering: ``fedcond/federation/cluster_models.py``):
   ``PerModelMomentum``, one independent FedAvgM stream per model, stepped in a round only where some
   reply went into that model's average (a model nobody chose keeps its parameters and its velocity).
 
-The two settings are one shared group (``SERVER_OPTIMISER``: ``strategies.registry.shared_options``);
+The two settings are one shared group (``SERVER_OPTIMISER``: ``fedcond.federation.methods.shared_options``);
 a method whose server averages no model (local, gossip, DAC, pFedHN) says why in its strategy's
 ``server_step_refusal``, and ``check_server_optimiser`` refuses a changed value in one line.
 """

@@ -410,7 +410,7 @@ def _private_epochs(
 
 
 # no_grad, not inference_mode: a model moved to CUDA inside inference_mode gets inference tensors as
-# parameters, and a model reused across messages (clients/fedcond_client.py) could then never train again.
+# parameters, and a model reused across messages (fedcond/federation/client.py) could then never train again.
 @torch.no_grad()
 def evaluate(
     model: nn.Module,

@@ -37,7 +37,7 @@ FINGERPRINT_EPSILON = Option(
     "fingerprint-epsilon", 0.0, "epsilon of the Gaussian noise added once to the fingerprint (0: exact fingerprint)",
     minimum=0,
 )  # fmt: skip
-#: The sample-level settings; the registry declares them for every method (strategies/registry.py).
+#: The sample-level settings; the registry declares them for every method (fedcond/federation/methods.py).
 OPTIONS = (DP_NOISE_MULTIPLIER, DP_MAX_GRAD_NORM, DP_DELTA, FINGERPRINT_EPSILON)
 
 #: The fewest training samples a client may hold for a DP fingerprint: the bound compares the data

@@ -1,7 +1,7 @@
 """Secure aggregation's settings: which sums go through Flower's SecAgg+ and with what protocol values.
 
 The protocol itself is Flower's (``SecAggPlusWorkflow`` on the server, ``secaggplus_mod`` on the
-clients; strategies/secagg_workflow.py and clients/secagg_mod.py). Two kinds of sum use it:
+clients; fedcond/federation/secagg_workflow.py and fedcond/federation/secagg_mod.py). Two kinds of sum use it:
 
 - the fingerprint statistics (sum of f, f^2 and a count) before round 1, always
   (fedcond.fingerprint.statistics_encoding);

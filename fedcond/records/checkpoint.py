@@ -12,7 +12,7 @@ back with ``weights_only=True``, so loading one runs no pickled code.
 
 Nothing random needs saving: the server's randomness is a function of (seed, round) (Gossip's
 pairings; initial models come from the seed), each client's of (seed, round, partition id) (its
-batch order, ``clients/fedcond_client.py``), and a pooled run's batch-order generator is saved. A
+batch order, ``fedcond/federation/client.py``), and a pooled run's batch-order generator is saved. A
 resumed run of a method whose state is all on the server therefore computes exactly what the
 uninterrupted run would have. State kept on clients (Ditto's personal models, Local's models, in
 Flower's ``context.state``) is not in the checkpoint: a resumed run is a new Flower run, whose

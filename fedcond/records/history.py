@@ -92,7 +92,7 @@ class RoundRecord:
     # Sample-level DP: the largest cumulative epsilon (at dp-delta) any client reported this round;
     # NaN without sample-level DP, inf when only the fingerprint is private (docs/privacy.md).
     epsilon: float = float("nan")
-    # Who took part (fedcond.participation): answered + failed + timed out = asked.
+    # Who took part (fedcond.federation.participation): answered + failed + timed out = asked.
     clients_asked: int = 0
     clients_answered: int = 0
     clients_failed: int = 0
@@ -275,7 +275,7 @@ class RunRecorder:
             CODE: code_version(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "status": "running",
-            # Every client that did not answer an instruction, and why (fedcond.participation).
+            # Every client that did not answer an instruction, and why (fedcond.federation.participation).
             "failures": [],
             # What the score columns of history.csv hold (rmse on a regression task, lower is better).
             "metric": self.metric,

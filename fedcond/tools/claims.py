@@ -508,7 +508,7 @@ def verdicts_markdown(claims: Claims, base: Path) -> list[str]:
 def _named_methods(folder: Path) -> dict[str, str]:
     """The method column's labels of ``folder`` that a user can name, and that name: a plain method
     is its own; a labelled entry fixing exactly a named variant's settings is that variant."""
-    from strategies.registry import registry
+    from fedcond.federation.methods import registry
 
     experiment = load_experiment(folder)
     methods = registry()
@@ -539,7 +539,7 @@ def ranked_methods(choice: Choice) -> tuple[list[Ranked], Ranked | None]:
     """The federated methods a user can pick (no reference told the clusters, no pooled protocol),
     best final mean accuracy first, and the reference (Oracle) where it ran. A method in several
     of ``choice``'s folders is taken from the one with the most seeds (the first of them on a tie)."""
-    from strategies.registry import registry
+    from fedcond.federation.methods import registry
 
     settings = [load_experiment(folder).settings for folder in choice.folders]
     if any(other != settings[0] for other in settings[1:]):

@@ -27,6 +27,7 @@ from fedcond import stopping
 from fedcond.config import RunConfig
 from fedcond.data.scenarios import forget_loaded_data
 from fedcond.errors import FedcondError
+from fedcond.federation.methods import run_config
 from fedcond.records.history import RESUME, run_status
 from fedcond.tools import deploy, local_superlink
 from fedcond.tools.experiment import (
@@ -58,7 +59,6 @@ from fedcond.tools.flwr_commands import (
     unfinished,
 )
 from fedcond.tools.processes import descendants, end_processes, tagged
-from strategies.registry import run_config
 
 
 def default_gpus_per_client() -> float:
@@ -308,7 +308,7 @@ def run_without_ray(config: RunConfig) -> None:
 
 def is_pooled(config: RunConfig) -> bool:
     """True for the paper's centralised protocol (``pooled-*`` methods), which runs without Flower."""
-    from strategies.registry import get_method
+    from fedcond.federation.methods import get_method
 
     return get_method(config.method).protocol == "pooled"
 
@@ -689,9 +689,9 @@ def print_settings(write: bool) -> int:
 def list_choices() -> int:
     from fedcond.data.datasets import DATASETS
     from fedcond.data.scenarios import SCENARIOS
+    from fedcond.federation.methods import registry
     from fedcond.fingerprint.fingerprints import FINGERPRINTS
     from fedcond.model.conditioning import MECHANISMS
-    from strategies.registry import registry
 
     methods = registry().values()
     print("methods:   " + ", ".join(f"{m.name} ({m.summary})" for m in methods if not (m.variant_of or m.competitor)))

@@ -195,7 +195,7 @@ def expand_methods(values: Sequence[Any] | str) -> list[Any]:
     A method value may also be a bundle, ``{ label = "recommended", method = "conditional",
     fingerprint = "class-mean", ... }``: a named variant whose label is its name in every table.
     """
-    from strategies.registry import METHOD_SELECTIONS, get_method, method_names
+    from fedcond.federation.methods import METHOD_SELECTIONS, get_method, method_names
 
     entries = [values] if isinstance(values, str) else list(values)
     expanded: list[Any] = []
@@ -330,8 +330,8 @@ def _folder_name(labels: Mapping[str, str]) -> str:
 
 def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> list[PlannedRun]:
     """Every combination of axis values as a checked run (no data is loaded here)."""
-    from strategies.checks import check_run
-    from strategies.registry import get_method, run_config
+    from fedcond.federation.checks import check_run
+    from fedcond.federation.methods import get_method, run_config
 
     planned = []
     axes = list(experiment.axes.items())
@@ -383,8 +383,8 @@ def with_later_settings(recorded: Mapping[str, Any], planned: RunConfig) -> dict
     value its default resolves to for that run, or at the value the setting declares for runs made
     before it existed (a run made before ``channels-last`` existed ran in the default layout, though
     CIFAR's default is now channels-last). A run planned with another value still differs from it."""
+    from fedcond.federation.methods import run_config
     from fedcond.tools.flwr_commands import default_config
-    from strategies.registry import run_config
 
     recorded = canonical_record(recorded)  # e.g. channels-last's false, recorded when it was a yes/no setting
     missing = [key for key in planned.to_mapping() if key not in recorded]
@@ -411,8 +411,8 @@ def prepare_folder(run: PlannedRun, runs_dir: Path, stream: TextIO) -> PlannedRu
     *different* settings is an error rather than something to mix in silently; so is a folder that
     another process is running a run in.
     """
+    from fedcond.federation.methods import get_method
     from fedcond.records.checkpoint import check_resume, checkpoint_path
-    from strategies.registry import get_method
 
     folder = runs_dir / run.name
     if not folder.exists():
@@ -546,7 +546,7 @@ def check_data(planned: Sequence[PlannedRun]) -> None:
 
 def describe_plan(experiment: Experiment, base: Mapping[str, Any], out: Path) -> str:
     """What a sweep would do: every run with its client count, and which are finished already."""
-    from strategies.sampling import clients_per_round
+    from fedcond.federation.sampling import clients_per_round
 
     runs_dir = (out / "runs").resolve()
     planned = plan(experiment, base, runs_dir)

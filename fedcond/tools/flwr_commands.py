@@ -15,10 +15,10 @@ from pathlib import Path
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.federation.checks import check_run
+from fedcond.federation.methods import declared_options, run_config
 from fedcond.records.checkpoint import RESUME, resume_settings
 from fedcond.records.history import run_status, unused_run_folder
-from strategies.checks import check_run
-from strategies.registry import declared_options, run_config
 
 # flwr 1.42 checks for updates, posts telemetry and rebuilds the app's environment per run unless
 # told not to; all three fail or mislead on a machine without internet.

@@ -28,14 +28,14 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
-from clients.app import build_client
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
+from fedcond.federation.client_app import build_client
+from fedcond.federation.membership import PartitionProxy
+from fedcond.federation.secagg_workflow import SecureSum
+from fedcond.federation.server_app import served_run
 from fedcond.privacy.secure_aggregation import SecureAggregation
 from fedcond.records.history import RunRecorder
-from strategies.membership import PartitionProxy
-from strategies.secagg_workflow import SecureSum
-from strategies.server_app import served_run
 
 
 class InProcessNode(ClientProxy):
@@ -81,7 +81,7 @@ def plain_sum(instructions: list[tuple[PartitionProxy, FitIns]], *_: object, **_
 
 def run_in_process(config: RunConfig) -> tuple[RunRecorder, Counter[str]]:
     """Run ``config`` to the end with one client at a time (they share this process's model), as the
-    ServerApp runs it (``strategies.server_app.served_run``: its checks, results folder, resume and
+    ServerApp runs it (``fedcond.federation.server_app.served_run``: its checks, results folder, resume and
     failure record); the run's recorder (its folder under ``results-dir``) and the fit and evaluate
     messages sent."""
     if SecureAggregation.of(config).model_updates:

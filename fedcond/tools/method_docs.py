@@ -1,4 +1,4 @@
-"""The method tables of the docs, generated from the methods' declarations (``strategies.registry``:
+"""The method tables of the docs, generated from the methods' declarations (``fedcond.federation.methods``:
 each federated method's ``Facts``): the README's method table and docs/newcomers.md's newcomer and
 drift tables. ``fedcond settings --write`` rewrites them between their markers; a test keeps them
 equal to what this module makes.
@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fedcond.errors import FedcondError
+from fedcond.federation.declaration import Facts
+from fedcond.federation.methods import Method, flower_method_names, held_out_methods, method_names, registry
 from fedcond.pooled import NEWCOMER_RULE as POOLED_NEWCOMER_RULE
-from strategies.declaration import Facts
-from strategies.registry import Method, flower_method_names, held_out_methods, method_names, registry
 
 README = Path("README.md")
 NEWCOMERS_PAGE = Path("docs", "newcomers.md")
@@ -38,7 +38,7 @@ def _grouped(names: Sequence[str], key: Callable[[Facts], tuple[str, ...]]) -> l
 def _facts(method: Method) -> Facts:
     if method.facts is None:
         raise FedcondError(
-            f"method {method.name} declares no Facts; add own_facts to its entry in strategies/registry.py"
+            f"method {method.name} declares no Facts; add own_facts to its entry in fedcond/federation/methods.py"
         )
     return method.facts
 

@@ -69,8 +69,8 @@ def run_setting_help(field: dataclasses.Field) -> str:
 
 def settings() -> list[Setting]:
     """Every run-config key, in the order of ``TOPICS`` (within one, in declaration order)."""
-    from strategies.base import FedcondStrategy
-    from strategies.registry import registry, shared_options
+    from fedcond.federation.methods import registry, shared_options
+    from fedcond.federation.strategy import FedcondStrategy
 
     rows = [
         Setting(field.name.replace("_", "-"), field.default, field.metadata["topic"], "run", run_setting_help(field))

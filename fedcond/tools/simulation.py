@@ -19,10 +19,10 @@ from flwr.clientapp.typing import Mod
 from flwr.common.logger import FLOWER_LOGGER
 from flwr.simulation import run_simulation
 
-from clients.app import make_client_app
 from fedcond import stopping
 from fedcond.config import RunConfig
-from strategies.server_app import RunStopped, make_server_app
+from fedcond.federation.client_app import make_client_app
+from fedcond.federation.server_app import RunStopped, make_server_app
 
 
 def backend_config(cpus_per_client: float = 1.0, gpus_per_client: float = 0.0) -> dict[str, dict[str, object]]:

@@ -15,10 +15,10 @@ from flwr.server.history import History
 
 from fedcond import stopping
 from fedcond.errors import FedcondError
+from fedcond.federation.client_dp import ClientSideClientDp, ServerSideClientDp
+from fedcond.federation.strategy import FedcondStrategy
 from fedcond.records.checkpoint import CHECKPOINT_FILE, GLOBAL_MODEL, Checkpoint, checkpoint_due, save_checkpoint
 from fedcond.records.history import RunRecorder
-from strategies.base import FedcondStrategy
-from strategies.client_dp import ClientSideClientDp, ServerSideClientDp
 
 
 class CheckpointingServer(Server):

@@ -26,6 +26,12 @@ from fedcond import stopping
 from fedcond.config import RunConfig
 from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
+from fedcond.federation import client_dp
+from fedcond.federation.checks import check_run
+from fedcond.federation.exchange import message_timeout
+from fedcond.federation.methods import federated, run_config
+from fedcond.federation.round_loop import CheckpointingServer
+from fedcond.federation.strategy import FedcondStrategy, StrategyInputs
 from fedcond.fingerprint.encoder import load_encoder
 from fedcond.model.store import CLIENT_STATE_DIR, remove_run_state
 from fedcond.privacy import dp as privacy
@@ -40,12 +46,6 @@ from fedcond.records.history import (
     open_run,
     reopen_run,
 )
-from strategies import client_dp
-from strategies.base import FedcondStrategy, StrategyInputs
-from strategies.checks import check_run
-from strategies.federation import message_timeout
-from strategies.registry import federated, run_config
-from strategies.round_loop import CheckpointingServer
 
 
 def run_server(grid: Grid, config: RunConfig, given: Collection[str] | None = None) -> RunRecorder:

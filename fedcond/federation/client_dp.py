@@ -3,12 +3,12 @@
 ``client-dp = "server-side"`` wraps the method's strategy in Flower's
 ``DifferentialPrivacyServerSideFixedClipping`` (the server clips each client's update to
 ``client-dp-clipping-norm``), ``"client-side"`` in ``DifferentialPrivacyClientSideFixedClipping``
-(each client clips its own update with Flower's ``fixedclipping_mod``, see clients/clipping.py); in
+(each client clips its own update with Flower's ``fixedclipping_mod``, see fedcond/federation/clipping_mod.py); in
 both, the server adds Gaussian noise of std noise-multiplier x clipping-norm / clients to the
 average. The unit of privacy is a whole client: its every sample, in every round.
 
 Two things the wrappers take for granted that fedcond must provide, done here rather than in
-``strategies/base.py``:
+``fedcond/federation/strategy.py``:
 
 - The noise is calibrated to an *unweighted* mean of clipped updates (sensitivity clip / clients);
   fedcond's FedAvg weights by sample counts, under which one client's weight can exceed 1 / clients.
@@ -38,15 +38,15 @@ from torch import nn
 from fedcond.config import Option, RunConfig
 from fedcond.data.datasets import dataset_spec
 from fedcond.errors import FedcondError
+from fedcond.federation.participation import FIT
+from fedcond.federation.round_record import Failures, answered_replies
+from fedcond.federation.sampling import clients_per_round
+from fedcond.federation.secagg_workflow import SecureSum
+from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model.networks import build_run_model
 from fedcond.model.server_optimiser import is_plain_fedavg
-from fedcond.participation import FIT
 from fedcond.privacy.dp import DP_DELTA, check_delta, gaussian_rounds_epsilon
 from fedcond.privacy.secure_aggregation import SecureAggregation
-from strategies.base import FedcondStrategy
-from strategies.round_tracking import Failures, answered_replies
-from strategies.sampling import clients_per_round
-from strategies.secagg_workflow import SecureSum
 
 CLIENT_DP_MODES = ("off", "server-side", "client-side")
 CLIENT_DP = Option(
@@ -133,7 +133,7 @@ class ClientSideClientDp(_FedcondClientDp, DifferentialPrivacyClientSideFixedCli
     as fedcond needs them.
 
     It also serves SecAgg+ (``secure-aggregation = "secaggplus"``): each client clips its update and
-    reports one sample (clients/clipping.py) before SecAgg+ masks it, so the protocol's mean is the
+    reports one sample (fedcond/federation/clipping_mod.py) before SecAgg+ masks it, so the protocol's mean is the
     unweighted mean of clipped updates, to which this adds Flower's noise as for a plain round. The
     server then never sees an update at all, clipped or not: only the noised mean.
     """

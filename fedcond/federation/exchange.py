@@ -1,5 +1,5 @@
 """Talking to the federation: check its size, ask clients a question, and tell why a client did not
-answer (failed or timed out). Secure sums go through SecAgg+ (strategies/secagg_workflow.py)."""
+answer (failed or timed out). Secure sums go through SecAgg+ (fedcond/federation/secagg_workflow.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from flwr.server.client_proxy import ClientProxy
 from fedcond import stopping
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.messages import ERROR, PARTITION_ID, STEP, STEP_IDENTITY
-from fedcond.participation import FAILED, NODE_LEFT, TIMED_OUT
+from fedcond.federation.messages import ERROR, PARTITION_ID, STEP, STEP_IDENTITY
+from fedcond.federation.participation import FAILED, NODE_LEFT, TIMED_OUT
 
 ROUND_TIMEOUT = Option(
     "round-timeout",

@@ -1,5 +1,5 @@
 """What a method declares about itself, in its own strategy module (``strategies/<method>.py``):
-``METHOD = Declaration(...)``. The method table (``strategies.registry``) finds the declarations by
+``METHOD = Declaration(...)``. The method table (``fedcond.federation.methods``) finds the declarations by
 the modules' names, as FL-bench finds a method's files; nothing else lists methods.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from strategies.base import FedcondStrategy
+    from fedcond.federation.strategy import FedcondStrategy
 
 #: The kinds of newcomer rule (``Facts.newcomer_rule``): what a client that never trained is served.
 #: ``tests/test_method_rules.py`` checks each kind on hand-made models.

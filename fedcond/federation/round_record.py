@@ -11,7 +11,9 @@ from flwr.common import EvaluateRes, FitRes, Parameters
 from flwr.server.client_proxy import ClientProxy
 
 from fedcond.config import Option
-from fedcond.messages import (
+from fedcond.federation.exchange import failure_reason
+from fedcond.federation.membership import PartitionProxy
+from fedcond.federation.messages import (
     ACCURACY,
     ADAPTED_ACCURACY,
     EPSILON,
@@ -20,11 +22,9 @@ from fedcond.messages import (
     VALIDATION_ACCURACY,
     VALIDATION_EXAMPLES,
 )
-from fedcond.participation import Failure, RoundParticipation
+from fedcond.federation.participation import Failure, RoundParticipation
 from fedcond.records.history import RoundRecord, RunRecorder
 from fedcond.records.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
-from strategies.federation import failure_reason
-from strategies.membership import PartitionProxy
 
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
 Reply = TypeVar("Reply", FitRes, EvaluateRes)

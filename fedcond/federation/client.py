@@ -23,7 +23,7 @@ from fedcond.config import Option, RunConfig
 from fedcond.data.client_data import ClientData, cached_client_data, reuse_enabled
 from fedcond.data.scenarios import drift_partners_of
 from fedcond.errors import FedcondError
-from fedcond.messages import (
+from fedcond.federation.messages import (
     ACCURACY,
     ADAPTED_ACCURACY,
     CLASS_CORRECT,
@@ -86,7 +86,7 @@ class FedcondClient(NumPyClient):
     """
 
     #: Whether the model this client trains takes a fingerprint (``ConditionalClient``): the method's
-    #: model, as the server builds it too (``strategies.registry.Method.conditioned``).
+    #: model, as the server builds it too (``fedcond.federation.methods.Method.conditioned``).
     conditioned: ClassVar[bool] = False
 
     #: Run-config settings of this client behaviour, declared here rather than in a central list.

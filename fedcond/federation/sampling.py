@@ -61,7 +61,7 @@ def evaluates_everyone(config: RunConfig, server_round: int) -> bool:
 
 
 def check_sampling(config: RunConfig, secure_min_clients: int | None) -> None:
-    """Sampling against the federation and the privacy settings (``strategies.checks`` says which are
+    """Sampling against the federation and the privacy settings (``fedcond.federation.checks`` says which are
     on: ``secure_min_clients`` is ``secagg-min-clients`` when SecAgg+ sums each round's updates), in
     one line each. SecAgg+'s shares and threshold are fractions, so they apply to each round's sample."""
     per_round = CLIENTS_PER_ROUND.of(config)

@@ -1,26 +1,19 @@
-"""Decentralised methods simulated by the server: Gossip and DAC. The strategy is the network."""
+"""The family base of the decentralised methods the server simulates (Gossip, DAC): every client owns a
+model, held here only to simulate the network. The strategy is the network."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 
+from fedcond.federation.round_record import parameters_bytes
+from fedcond.federation.strategy import FedcondStrategy, StrategyInputs
 from fedcond.model.aggregation import (
-    DAC_NEIGHBOURS,
     Model,
-    cosine_similarities,
-    gossip_average,
-    neighbourhood_average,
-    random_pairs,
-    top_k_neighbours,
 )
 from fedcond.model.networks import build_run_model, get_weights, trained_arrays
 from fedcond.model.store import CLIENT_MODELS_MEMORY_MB, SPILL_FOLDER, SpillingModels
-from fedcond.newcomers import random_peer
-from strategies.base import FedcondStrategy, StrategyInputs
-from strategies.round_tracking import parameters_bytes
 
 
 class PeerToPeer(FedcondStrategy):
@@ -97,42 +90,3 @@ class PeerToPeer(FedcondStrategy):
         prefix = "client-"
         held = {int(name[len(prefix) :]): model for name, model in models.items() if name.startswith(prefix)}
         self.models.load(held, values)
-
-
-class GossipStrategy(PeerToPeer):
-    """Gossip: each round, after local training, the clients that answered are paired by a fresh
-    random matching (a random topology; one client sits out when the count is odd) and each pair
-    averages its two models. Pairing is seeded by (seed, round): same seed and same clients, same pairs.
-    """
-
-    server_step_refusal = "each client averages its model with one random peer's"
-
-    def newcomer_parameters(self, partition_id: int) -> Parameters:
-        """A newcomer gossips too: it is served one training client's model, drawn anew each round."""
-        config = self.inputs.config
-        peer = random_peer(config.seed, self.participation.round, partition_id, config.num_training_clients)
-        return ndarrays_to_parameters(self.models[peer])
-
-    def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
-        pairs = random_pairs(len(models), np.random.default_rng([self.inputs.config.seed, server_round]))
-        return gossip_average(models, pairs), 2 * len(pairs)
-
-
-class DacStrategy(PeerToPeer):
-    """DAC (Listo Zec et al. 2022), the paper's variant: after local training each client averages
-    its model uniformly with its ``dac-neighbours`` most similar peers by cosine similarity of the
-    model parameters (the trained weights alone: batch norm's buffers left out; deterministic top-k,
-    ties to the lower partition id), among the clients that answered. Default k = 3.
-    """
-
-    options = (*PeerToPeer.options, DAC_NEIGHBOURS)
-    server_step_refusal = "each client averages its model with its most similar peers' (dac-neighbours of them)"
-
-    def newcomer_parameters(self, partition_id: int) -> Parameters:
-        """Every training client's model, one after another: the newcomer averages the ones with the
-        lowest loss on its own training data (clients.dac), having no model to compare by cosine."""
-        return ndarrays_to_parameters([array for pid in self.training_partitions for array in self.models[pid]])
-
-    def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:
-        neighbours = top_k_neighbours(cosine_similarities(models, self.trained), DAC_NEIGHBOURS.of(self.inputs.config))
-        return neighbourhood_average(models, neighbours), sum(len(chosen) for chosen in neighbours)

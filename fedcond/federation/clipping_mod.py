@@ -1,13 +1,13 @@
 """Client-side clipping for client-level DP: Flower's ``fixedclipping_mod``, where the server asks for it.
 
-With ``client-dp = "client-side"`` the server's wrapper (strategies/client_dp.py) puts the clipping
+With ``client-dp = "client-side"`` the server's wrapper (fedcond/federation/client_dp.py) puts the clipping
 norm into every training instruction; this mod then lets Flower's ``fixedclipping_mod`` clip the
 update (returned model minus received model) to that norm before it leaves the client. Without the
 key it does nothing, so one ClientApp serves every setting. A client that reports an error (no
-model: ``clients/fedcond_client.py``) is passed through as it is, for the server to report its reason.
+model: ``fedcond/federation/client.py``) is passed through as it is, for the server to report its reason.
 
 A clipped reply reports one training sample: the noise is calibrated to an unweighted mean of the
-clipped updates, and under SecAgg+ (clients/secagg_mod.py, which masks this reply) the
+clipped updates, and under SecAgg+ (fedcond/federation/secagg_mod.py, which masks this reply) the
 weight travels inside the masked sum, where the server could not make it uniform afterwards.
 """
 
@@ -19,7 +19,7 @@ from flwr.common import Context, Message, MessageType, MetricRecord
 from flwr.compat.common import recorddict_compat
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
-from fedcond.messages import ERROR
+from fedcond.federation.messages import ERROR
 
 
 def client_dp_clipping_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:

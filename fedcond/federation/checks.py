@@ -14,15 +14,8 @@ from fedcond.config import RunConfig
 from fedcond.data.datasets import dataset_spec
 from fedcond.data.scenarios import scenario_for, scenario_kind, validate_without_data
 from fedcond.errors import FedcondError
-from fedcond.fingerprint.fingerprints import check_label_free
-from fedcond.model.networks import has_batch_norm
-from fedcond.model.server_optimiser import POOLED_REFUSAL, check_server_optimiser
-from fedcond.newcomers import NEWCOMER_STEPS
-from fedcond.privacy import dp as privacy
-from fedcond.privacy import secure_aggregation as secagg_settings
-from fedcond.records.checkpoint import check_resume, resume_folder
-from strategies import client_dp
-from strategies.registry import (
+from fedcond.federation import client_dp
+from fedcond.federation.methods import (
     Method,
     declared_options,
     get_method,
@@ -31,7 +24,14 @@ from strategies.registry import (
     registry,
     shared_options,
 )
-from strategies.sampling import check_sampling
+from fedcond.federation.sampling import check_sampling
+from fedcond.fingerprint.fingerprints import check_label_free
+from fedcond.model.networks import has_batch_norm
+from fedcond.model.server_optimiser import POOLED_REFUSAL, check_server_optimiser
+from fedcond.newcomers import NEWCOMER_STEPS
+from fedcond.privacy import dp as privacy
+from fedcond.privacy import secure_aggregation as secagg_settings
+from fedcond.records.checkpoint import check_resume, resume_folder
 
 
 def check_run(

@@ -26,12 +26,12 @@ from flwr.client import Client, ClientApp
 from flwr.clientapp.typing import Mod
 from flwr.common import Context
 
-from clients.clipping import client_dp_clipping_mod
-from clients.fedcond_client import FedcondClient
-from clients.secagg_mod import secure_aggregation_mod
 from fedcond.config import RunConfig
 from fedcond.data.client_data import ClientData, cached_client_data, load_partition_file
 from fedcond.errors import FedcondError
+from fedcond.federation.client import FedcondClient
+from fedcond.federation.clipping_mod import client_dp_clipping_mod
+from fedcond.federation.secagg_mod import secure_aggregation_mod
 from fedcond.model.store import CLIENT_STATE_DIR
 from fedcond.pooled import POOLED_METHODS, not_a_federation
 from fedcond.shared_options import CLIENT_SHARED_OPTIONS
@@ -44,14 +44,17 @@ def client_class(method: str) -> type[FedcondClient]:
     if method in POOLED_METHODS:
         raise not_a_federation(method)
     module, _, name = client_path(method).partition(":")
+    where = module.replace(".", "/") + ".py"
     try:
-        return getattr(importlib.import_module(module), name)
+        found = getattr(importlib.import_module(module), name, None)
     except ModuleNotFoundError as error:
         if error.name != module:
-            raise
-        raise FedcondError(
-            f"unknown method '{method}': no {module.replace('.', '/')}.py; fedcond list names them"
-        ) from None
+            raise FedcondError(f"{where} cannot be imported: {error}") from error
+        raise FedcondError(f"unknown method '{method}': no {where}; fedcond list names them") from None
+    if not (isinstance(found, type) and issubclass(found, FedcondClient)):
+        what = "missing" if found is None else repr(found)
+        raise FedcondError(f"{where}: {name} is {what}, not a FedcondClient subclass; every client module has one")
+    return found
 
 
 def client_run_config(mapping: Mapping[str, Any]) -> RunConfig:

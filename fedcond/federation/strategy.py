@@ -32,7 +32,9 @@ from fedcond import stopping
 from fedcond.config import Option, RunConfig
 from fedcond.data.scenarios import Scenario, drift_partners_of
 from fedcond.errors import FedcondError
-from fedcond.messages import (
+from fedcond.federation.exchange import NODE_TIMEOUT, ROUND_TIMEOUT, all_clients, message_timeout
+from fedcond.federation.membership import Membership, PartitionProxy
+from fedcond.federation.messages import (
     ACCURACY,
     CLASS_CORRECT,
     CLASS_COUNT,
@@ -46,25 +48,15 @@ from fedcond.messages import (
     VALIDATION_KEYS,
     array_from_bytes,
 )
-from fedcond.model.aggregation import Model, StreamingAverage
-from fedcond.model.networks import build_run_model, get_weights
-from fedcond.model.training import check_not_diverged
-from fedcond.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundParticipation
-from fedcond.privacy.dp import SampleLevelPrivacy
-from fedcond.privacy.secure_aggregation import SecureAggregation
-from fedcond.records.checkpoint import GLOBAL_MODEL, Checkpoint
-from fedcond.records.history import RoundRecord, RunRecorder, dataset_metric
-from fedcond.records.metrics import class_accuracy
-from strategies.federation import NODE_TIMEOUT, ROUND_TIMEOUT, all_clients, message_timeout
-from strategies.membership import Membership, PartitionProxy
-from strategies.round_tracking import (
+from fedcond.federation.participation import EVALUATE, FIT, NODE_LEFT, Failure, RoundParticipation
+from fedcond.federation.round_record import (
     MIN_ANSWERED_FRACTION,
     Failures,
     RoundTracker,
     answered_replies,
     parameters_bytes,
 )
-from strategies.sampling import (
+from fedcond.federation.sampling import (
     CLIENTS_PER_ROUND,
     EVALUATE_EVERY,
     clients_per_round,
@@ -72,7 +64,15 @@ from strategies.sampling import (
     sample_partitions,
     scheduled_for_everyone,
 )
-from strategies.secagg_workflow import SecureSum, run_secure_sum, workflow_for
+from fedcond.federation.secagg_workflow import SecureSum, run_secure_sum, workflow_for
+from fedcond.model.aggregation import Model, StreamingAverage
+from fedcond.model.networks import build_run_model, get_weights
+from fedcond.model.training import check_not_diverged
+from fedcond.privacy.dp import SampleLevelPrivacy
+from fedcond.privacy.secure_aggregation import SecureAggregation
+from fedcond.records.checkpoint import GLOBAL_MODEL, Checkpoint
+from fedcond.records.history import RoundRecord, RunRecorder, dataset_metric
+from fedcond.records.metrics import class_accuracy
 
 Instruction = TypeVar("Instruction", FitIns, EvaluateIns)
 
@@ -149,7 +149,7 @@ def initial_weights(inputs: StrategyInputs, seed: int | None = None) -> Model:
 
 class FedcondStrategy(Strategy):
     """Each round's training clients (every one, or ``clients-per-round`` of them:
-    ``strategies.sampling``) train and are evaluated; the history records each round.
+    ``fedcond.federation.sampling``) train and are evaluated; the history records each round.
 
     A method overrides only its hooks (the rest is the round protocol every method shares):
     ``check`` (its settings, before anything starts), ``set_up`` (a new run's exchange before round 1),
@@ -157,19 +157,19 @@ class FedcondStrategy(Strategy):
     ``combine`` / ``combine_sum`` (the new global parameters from the replies, or from SecAgg+'s
     mean), ``state`` / ``load_state`` (what the checkpoint keeps beyond the global model), and the
     small ones: ``answer_floor``, ``divergence_fix``, ``checkpoint_saved``. A client is its
-    partition id throughout (``strategies.membership``), never Flower's node id. Before round 1 the
+    partition id throughout (``fedcond.federation.membership``), never Flower's node id. Before round 1 the
     strategy checks that one node per client is connected, asks each node which partition it holds
     and runs the method's own set-up exchange (``set_up``; the conditional method's secure sum of
     fingerprint statistics, ``strategies/conditional.py``).
 
     With ``secure-aggregation = "secaggplus"`` the fit step of every round is SecAgg+'s
-    (``strategies.round_loop``): the strategy gives the instructions as always, but never sees a
+    (``fedcond.federation.round_loop``): the strategy gives the instructions as always, but never sees a
     reply; ``aggregate_secure_fit`` gets the protocol's outcome (the sample-weighted mean of the
     contributors' models, who contributed, who dropped out and why) and ``combine_sum`` makes the
     new global model from the mean. A strategy that needs more than the sum says why in
     ``secure_aggregation_refusal``, and ``check_run`` refuses the combination.
 
-    Failures (``fedcond.participation``): each round asks every expected partition; a partition
+    Failures (``fedcond.federation.participation``): each round asks every expected partition; a partition
     whose node is not connected fails ("node left"), as does a client that reports an error or
     raises; one that does not answer within ``round-timeout`` times out. ``combine`` sees only the
     clients that answered (weights renormalised over them), evaluation metrics are over the clients
@@ -210,7 +210,7 @@ class FedcondStrategy(Strategy):
     #: Whether ``combine`` needs only the sample-weighted mean of the returned models, so that each
     #: reply can be folded into it as it arrives (``fold_fit_replies``).
     combines_the_mean: ClassVar[bool] = False
-    #: The named models of a fit reply (``fedcond.messages.pack_parts``) where it carries more than
+    #: The named models of a fit reply (``fedcond.federation.messages.pack_parts``) where it carries more than
     #: the trained model (SCAFFOLD's model and control change); empty: the model alone.
     reply_parts: ClassVar[tuple[str, ...]] = ()
     #: Why this strategy's server has no average of a model for FedAvgM to step, as ``check_run`` words
@@ -218,7 +218,7 @@ class FedcondStrategy(Strategy):
     #: ``fedcond.model.server_optimiser``).
     server_step_refusal: ClassVar[str | None] = "its server averages no model"
     #: Whether each client's update is one model that the server averages into one global model:
-    #: what Flower's client-level DP wrappers clip and noise (``strategies/client_dp.py``).
+    #: what Flower's client-level DP wrappers clip and noise (``fedcond/federation/client_dp.py``).
     averages_one_model: ClassVar[bool] = False
 
     def __init__(self, inputs: StrategyInputs) -> None:
@@ -234,7 +234,7 @@ class FedcondStrategy(Strategy):
         self.secure = SecureAggregation.of(config)
         self.membership = Membership(config.num_clients, message_timeout(config), inputs.recorder, config.verbose)
         self.participation = RoundParticipation(0, ())
-        #: Set by the round loop (strategies/round_loop.py) where nothing needs each reply's own
+        #: Set by the round loop (fedcond/federation/round_loop.py) where nothing needs each reply's own
         #: model: each fit reply is then folded into ``fit_stream`` as it arrives and the round keeps
         #: one running sum instead of every client's model (1,000 x 1.7 MB at 1,000 MNIST clients).
         self.fold_fit_replies = False
@@ -243,7 +243,7 @@ class FedcondStrategy(Strategy):
         # SecAgg+ hands the server no fit reply, only the sum: an evaluation cannot ride in one.
         # A drift run scores each round's model on the data the clients hold in that round (fedcond.data.drift).
         self.evaluates_in_fit = EVALUATE_IN_FIT.of(config) and not self.secure.model_updates and not config.drift_round
-        #: This round's training clients (``strategies.sampling``).
+        #: This round's training clients (``fedcond.federation.sampling``).
         self.sampled: list[int] = list(self.training_partitions)
         #: The last round whose record was closed (``end_round``).
         self.closed_round = 0
@@ -346,7 +346,7 @@ class FedcondStrategy(Strategy):
         value_range: tuple[float, int],
         max_weight: float,
     ) -> SecureSum:
-        """One sum through Flower's SecAgg+ (``strategies.secagg_workflow``) with this run's protocol
+        """One sum through Flower's SecAgg+ (``fedcond.federation.secagg_workflow``) with this run's protocol
         values: every value clipped to +-``value_range[0]`` and quantised to ``value_range[1]`` levels,
         weights (training samples) up to ``max_weight``."""
         workflow = workflow_for(

@@ -50,11 +50,11 @@ from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 
 from fedcond import stopping
-from fedcond.messages import EPSILON
-from fedcond.participation import FAILED, TIMED_OUT, RoundParticipation
+from fedcond.federation.exchange import classify_failure
+from fedcond.federation.membership import PartitionProxy
+from fedcond.federation.messages import EPSILON
+from fedcond.federation.participation import FAILED, TIMED_OUT, RoundParticipation
 from fedcond.privacy.secure_aggregation import MODULUS
-from strategies.federation import classify_failure
-from strategies.membership import PartitionProxy
 
 
 @dataclass
@@ -182,7 +182,7 @@ class _Instructions(Strategy):
         if results:
             self.mean = parameters_to_ndarrays(results[0][1].parameters)
         self.contributors = {proxy.partition_id for proxy, _ in results}  # type: ignore[attr-defined]
-        # The only metric a masked reply keeps (clients/secagg_mod.py): the DP accounting.
+        # The only metric a masked reply keeps (fedcond/federation/secagg_mod.py): the DP accounting.
         spent = [float(res.metrics[EPSILON]) for _, res in results if EPSILON in res.metrics]  # type: ignore[arg-type]
         self.epsilon = max(spent, default=float("nan"))
         return None, {}  # fedcond's strategy combines the mean itself

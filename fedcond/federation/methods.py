@@ -3,33 +3,34 @@
 A federated method is two files found by its name, as FL-bench finds a method's: ``Client`` in
 ``clients/<method>.py`` (``fedcond.variants.client_path``: the ClientApp finds it the same way,
 without this table) and ``METHOD = Declaration(...)`` in ``strategies/<method>.py`` (its summary,
-strategy class and ``Facts``, ``strategies.declaration``). The method's own settings (``options``)
+strategy class and ``Facts``, ``fedcond.federation.declaration``). The method's own settings (``options``)
 and whether it serves held-out clients are declared on its classes, next to the code that reads
 them. Named variants come from ``fedcond.variants``, the pooled references from ``fedcond.pooled``.
-How settings fit together, before anything starts, is ``strategies.checks``.
+How settings fit together, before anything starts, is ``fedcond.federation.checks``.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
+from fedcond.federation.declaration import Declaration, Facts
 from fedcond.model.store import CLIENT_STATE_DIR
 from fedcond.pooled import POOLED_METHODS, not_a_federation
 from fedcond.records.history import CHECKPOINT_EVERY, RESUME
 from fedcond.records.live_curves import LIVE_CURVES
 from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SERVER_OPTIMISER, SharedOptions
 from fedcond.variants import VARIANTS, client_path, with_variant_settings
-from strategies.declaration import Declaration, Facts
 
 if TYPE_CHECKING:
-    from strategies.base import FedcondStrategy
+    from fedcond.federation.strategy import FedcondStrategy
 
 
 @functools.cache
@@ -75,7 +76,7 @@ class Method:
 
     @property
     def client(self) -> type[Any] | None:
-        """The client class (a ``clients.fedcond_client.FedcondClient``; found by the method's name,
+        """The client class (a ``fedcond.federation.client.FedcondClient``; found by the method's name,
         so that nothing in ``strategies/`` imports ``clients/``)."""
         return load_class(self.client_path) if self.client_path else None
 
@@ -114,15 +115,66 @@ class Method:
         return self.strategy.serves_held_out_clients
 
 
+#: Every federated method, by the name of its two modules (``strategies/<module>.py`` holds ``METHOD``,
+#: ``clients/<module>.py`` holds ``Client``); its name is the module's with ``-`` for ``_``. The table
+#: imports these, and only these: a module in strategies/ that is not listed is refused, not skipped.
+METHOD_MODULES = (
+    "cfl", "conditional", "dac", "descriptor_clustering", "ditto", "fedavg", "fedbn", "fedprox", "gossip", "ifca",
+    "local", "oracle", "pfedhn", "scaffold",
+)  # fmt: skip
+
+
+def method_module(module: str) -> ModuleType:
+    """``strategies.<module>``, imported, or a one-line error naming its file."""
+    try:
+        return importlib.import_module(f"strategies.{module}")
+    except ModuleNotFoundError as error:
+        if error.name != f"strategies.{module}":
+            raise FedcondError(f"strategies/{module}.py cannot be imported: {error}") from error
+        raise FedcondError(
+            f"strategies/{module}.py is missing: fedcond/federation/methods.py METHOD_MODULES lists it; "
+            "restore the file or take it off the list"
+        ) from None
+    except ImportError as error:
+        raise FedcondError(f"strategies/{module}.py cannot be imported: {error}") from error
+
+
+def checked_declaration(module: str) -> Declaration:
+    """The ``METHOD`` of ``strategies/<module>.py``, checked: a Declaration of a strategy class."""
+    from fedcond.federation.strategy import FedcondStrategy
+
+    declaration = getattr(method_module(module), "METHOD", None)
+    where = f"strategies/{module}.py"
+    if not isinstance(declaration, Declaration):
+        what = "missing" if declaration is None else f"a {type(declaration).__name__}"
+        raise FedcondError(f"{where}: METHOD is {what}, not Declaration(...); every method module declares one")
+    if not (isinstance(declaration.strategy, type) and issubclass(declaration.strategy, FedcondStrategy)):
+        raise FedcondError(f"{where}: METHOD's strategy {declaration.strategy!r} is no FedcondStrategy subclass")
+    if not isinstance(declaration.facts, Facts):
+        raise FedcondError(f"{where}: METHOD's facts are a {type(declaration.facts).__name__}, not Facts(...)")
+    return declaration
+
+
+def unlisted_method_modules() -> list[str]:
+    """The modules of strategies/ that METHOD_MODULES does not list (each a mistake: a method that
+    would silently be left out, or a module that is no method)."""
+    import strategies
+
+    found = {info.name for info in pkgutil.iter_modules(strategies.__path__)}
+    return sorted(found - set(METHOD_MODULES))
+
+
 @functools.cache
 def declared_methods() -> dict[str, Declaration]:
-    """Every federated method's declaration, by name: ``METHOD`` in each ``strategies/<method>.py``
-    that has one (the method's name is the module's, with ``-`` for ``_``), in the modules' order."""
-    found = {}
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        if "\nMETHOD = Declaration(" in path.read_text():
-            found[path.stem.replace("_", "-")] = importlib.import_module(f"strategies.{path.stem}").METHOD
-    return found
+    """Every federated method's declaration, by name, in the order of ``METHOD_MODULES``: each one's
+    ``METHOD``, checked, or a one-line error naming the file at fault."""
+    unlisted = unlisted_method_modules()
+    if unlisted:
+        raise FedcondError(
+            f"strategies/{unlisted[0]}.py is in no method list: add '{unlisted[0]}' to METHOD_MODULES in "
+            "fedcond/federation/methods.py, or move it out of strategies/ (which holds only methods)"
+        )
+    return {module.replace("_", "-"): checked_declaration(module) for module in METHOD_MODULES}
 
 
 @functools.cache
@@ -177,8 +229,8 @@ def get_method(name: str) -> Method:
 def shared_options() -> tuple[SharedOptions, ...]:
     """Every shared setting: the clients' (``CLIENT_SHARED``), the server optimiser of every method
     whose server averages a model (``SERVER_OPTIMISER``), the server's client-level DP
-    (strategies.client_dp, imported here: a ClientApp never needs it) and the run's own (resume)."""
-    from strategies import client_dp
+    (fedcond.federation.client_dp, imported here: a ClientApp never needs it) and the run's own (resume)."""
+    from fedcond.federation import client_dp
 
     return (
         *CLIENT_SHARED,

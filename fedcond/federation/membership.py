@@ -33,10 +33,10 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedcond import stopping
 from fedcond.errors import FedcondError
-from fedcond.messages import PARTITION_ID, STEP, STEP_IDENTITY
-from fedcond.participation import RoundParticipation
+from fedcond.federation.exchange import NODE_UNAVAILABLE, ask_all, ask_each, classify_failure, raised_by_client
+from fedcond.federation.messages import PARTITION_ID, STEP, STEP_IDENTITY
+from fedcond.federation.participation import RoundParticipation
 from fedcond.records.history import RunRecorder
-from strategies.federation import NODE_UNAVAILABLE, ask_all, ask_each, classify_failure, raised_by_client
 
 NODE_CONFIG_FIX = "give each SuperNode its own --node-config partition-id=..."
 

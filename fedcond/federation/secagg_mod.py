@@ -41,7 +41,7 @@ from flwr.compat.common import recorddict_compat as compat
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.messages import EPSILON, ERROR, STEP, STEP_STATISTICS, TRAIN_LOSS
+from fedcond.federation.messages import EPSILON, ERROR, STEP, STEP_STATISTICS, TRAIN_LOSS
 from fedcond.privacy.secure_aggregation import SecureAggregation
 
 FIT_METRICS = "fitres.metrics"
