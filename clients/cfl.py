@@ -1,6 +1,6 @@
 """CFL's client (Sattler et al. 2020): trains the one model of its cluster that the server sends and
 returns it, as FedAvg's client does; the server compares the updates' directions to split clusters
-(``strategies.cfl``). A newcomer walks the paper's parameter tree (``fedcond.model.parameter_tree``): at
+(``fedcond.strategies.cfl``). A newcomer walks the paper's parameter tree (``fedcond.model.parameter_tree``): at
 each split on its way it trains the split's model on its own data and follows the side its update
 agrees with, down to the cluster whose model it is served."""
 

@@ -2,7 +2,7 @@
 and returns it, as FedAvg's client does. A newcomer learns its own embedding with the hypernetwork
 frozen: each step the server sends the model its current embedding generates, the newcomer takes one
 SGD step on its own data and returns the result, and the server moves only the embedding
-(``strategies.pfedhn``, ``fedcond.model.hypernetwork.NewcomerEmbedding``). The newcomer's evaluate message
+(``fedcond.strategies.pfedhn``, ``fedcond.model.hypernetwork.NewcomerEmbedding``). The newcomer's evaluate message
 then brings the zero-shot model (the mean embedding's) and the learned embedding's, scored as its
 model after ``newcomer-steps`` steps."""
 

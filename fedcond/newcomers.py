@@ -13,7 +13,7 @@ newcomer's training data (DAC's similarity for a client with no model of its own
 descriptor clustering the model of the cluster nearest the descriptor it sends before round 1, CFL
 the leaf of the parameter tree its own updates lead it to (``fedcond.model.parameter_tree``), pFedHN the
 mean embedding's model and, with ``newcomer-steps``, that of an embedding it learns in as many
-exchanges with the hypernetwork frozen (``strategies.pfedhn``: its k steps are embedding steps).
+exchanges with the hypernetwork frozen (``fedcond.strategies.pfedhn``: its k steps are embedding steps).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def base_method(name: str) -> str:
 def client_path(name: str) -> str:
     """Where a federated method's client class is found by its name (as FL-bench finds a method's
     files): ``Client`` in ``clients/<method>.py``, the base method's for a variant."""
-    return f"clients.{base_method(name).replace('-', '_')}:Client"
+    return f"fedcond.clients.{base_method(name).replace('-', '_')}:Client"
 
 
 def with_variant_settings(

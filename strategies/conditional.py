@@ -11,6 +11,7 @@ same means (``fedcond/model/head_fit.py``).
 from __future__ import annotations
 
 import numpy as np
+from fedcond.strategies.fedavg import FedcondFedAvg
 from flwr.common import FitIns, Parameters
 from flwr.server.client_manager import ClientManager
 
@@ -35,7 +36,6 @@ from fedcond.model import head_fit
 from fedcond.model.aggregation import Model
 from fedcond.model.networks import run_fingerprint_size
 from fedcond.newcomers import NEWCOMER_FINGERPRINT, NEWCOMER_FINGERPRINTS
-from strategies.fedavg import FedcondFedAvg
 
 
 def check_newcomer_fingerprint(config: RunConfig) -> None:

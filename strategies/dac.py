@@ -28,7 +28,7 @@ class DacStrategy(PeerToPeer):
 
     def newcomer_parameters(self, partition_id: int) -> Parameters:
         """Every training client's model, one after another: the newcomer averages the ones with the
-        lowest loss on its own training data (clients.dac), having no model to compare by cosine."""
+        lowest loss on its own training data (fedcond.clients.dac), having no model to compare by cosine."""
         return ndarrays_to_parameters([array for pid in self.training_partitions for array in self.models[pid]])
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:

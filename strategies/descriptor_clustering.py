@@ -36,7 +36,7 @@ DESCRIPTOR_MIN_SAMPLES = Option(
 
 class DescriptorClusteringStrategy(ClusterModels):
     """Descriptor clustering in the style of FLUX (Fenoglio et al., NeurIPS 2025): before round 1 every
-    client, newcomers included, sends a descriptor of its training data (``clients.descriptor_clustering``);
+    client, newcomers included, sends a descriptor of its training data (``fedcond.clients.descriptor_clustering``);
     the server clusters the training clients' descriptors with DBSCAN, which finds K itself
     (``fedcond.fingerprint.descriptor_clustering``), then runs FedAvg within each cluster found (as Oracle does within
     the true ones). A newcomer is served the model of the cluster whose centroid is nearest to its

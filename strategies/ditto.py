@@ -1,8 +1,9 @@
 """Ditto (Li et al. 2021): the server is FedAvg's; each client also keeps a personal model pulled
 towards the global one."""
 
+from fedcond.strategies.fedavg import FedcondFedAvg
+
 from fedcond.federation.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
-from strategies.fedavg import FedcondFedAvg
 
 #: This method's one declaration: the method table finds it by this module's name.
 METHOD = Declaration(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from fedcond.strategies.fedavg import FedcondFedAvg
+
 from fedcond.config import RunConfig
 from fedcond.data.datasets import dataset_spec
 from fedcond.errors import FedcondError
 from fedcond.federation.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
 from fedcond.model.networks import has_batch_norm
-from strategies.fedavg import FedcondFedAvg
 
 
 class FedBNStrategy(FedcondFedAvg):

@@ -1,7 +1,8 @@
 """FedProx (Li et al. 2020): the server is FedAvg's; each client's training is pulled towards the model it received."""
 
+from fedcond.strategies.fedavg import FedcondFedAvg
+
 from fedcond.federation.declaration import FEDAVG_COMMUNICATION, GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
-from strategies.fedavg import FedcondFedAvg
 
 #: This method's one declaration: the method table finds it by this module's name.
 METHOD = Declaration(

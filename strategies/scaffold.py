@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from fedcond.strategies.fedavg import FedcondFedAvg
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fedcond.federation.declaration import GLOBAL_NEWCOMER, Declaration, Facts
@@ -13,7 +14,6 @@ from fedcond.federation.messages import PAYLOAD_PARTS, pack_parts, unpack_parts
 from fedcond.federation.participation import FIT
 from fedcond.federation.strategy import StrategyInputs
 from fedcond.model.aggregation import Model, weighted_average
-from strategies.fedavg import FedcondFedAvg
 
 
 class ScaffoldStrategy(FedcondFedAvg):

@@ -1,4 +1,4 @@
-"""CFL (strategies.cfl): a cluster splits when its mean update is small and some client's is not, into
+"""CFL (fedcond.strategies.cfl): a cluster splits when its mean update is small and some client's is not, into
 the halves whose update directions differ most; never before its warm-up, never into halves too small;
 a newcomer walks the parameter tree; bad thresholds are refused in one line."""
 
@@ -9,13 +9,13 @@ import json
 
 import numpy as np
 import pytest
+from fedcond.strategies.cfl import bipartition
 
 from fedcond.errors import FedcondError
 from fedcond.federation.messages import PARAMETER_TREE
 from fedcond.federation.participation import EVALUATE, FIT
 from fedcond.model.aggregation import vector_cosine_similarities
 from fedcond.model.parameter_tree import MOVED, STAYED, Split, header, pack, unpack, walk
-from strategies.cfl import bipartition
 from tests.test_method_rules import constant_model, decoded, reply, strategy_for
 
 # Splits may happen from round 2, whenever the mean update is under 1 and the largest over 2.

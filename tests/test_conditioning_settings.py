@@ -7,9 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from fedcond.clients.conditional import ConditionalClient
 from flwr.common import Code, EvaluateIns, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from clients.conditional import ConditionalClient
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.federation.checks import check_run

@@ -115,8 +115,9 @@ def test_cli_assignments_parse_toml_literals():
 
 
 def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless(monkeypatch, tmp_path):
+    from fedcond.strategies.local import LocalStrategy
+
     from fedcond.federation.methods import flower_method_names
-    from strategies.local import LocalStrategy
 
     config = RunConfig(num_clusters=2, clients_per_cluster=3, held_out_clients=1)
     assert (config.num_clients, config.num_training_clients) == (8, 6)

@@ -5,9 +5,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from fedcond.clients.conditional import ConditionalClient
 from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from clients.conditional import ConditionalClient
 from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
 from fedcond.federation.checks import check_run

@@ -11,17 +11,25 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedcond", "clients", "strategies")
 
 
+#: The methods' folders: top-level in the checkout, imported as fedcond.clients and fedcond.strategies.
+METHOD_PACKAGES = ("fedcond.clients", "fedcond.strategies")
+
+
 def module_name(path: Path) -> str:
+    """A file's import name: strategies/x.py is fedcond.strategies.x (the portal's package)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(("fedcond", *parts) if parts[0] in ("clients", "strategies") else parts)
 
 
 def project_modules() -> dict[str, Path]:
-    return {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+    """Every module by its import name (the methods' folders, not the portals leading to them)."""
+    return {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+            if path.parent.relative_to(ROOT).as_posix() not in ("fedcond/clients", "fedcond/strategies")}  # fmt: skip
 
 
 #: The layers above the core: the round protocol (Flower's adapters) and the command line on top.
-ABOVE_THE_CORE = ("fedcond.federation", "fedcond.tools")
+ABOVE_THE_CORE = ("fedcond.federation", "fedcond.tools", *METHOD_PACKAGES)
 #: The protocol's client side: what a ClientApp process imports (never the server's modules).
 CLIENT_SIDE = {
     f"fedcond.federation.{name}"
@@ -64,7 +72,7 @@ def test_the_core_imports_neither_flower_nor_the_flower_layer():
         "import sys\n"
         f"for name in {core_modules()!r}:\n"
         "    __import__(name)\n"
-        "above = ('flwr', 'clients', 'strategies', 'fedcond.federation', 'fedcond.tools')\n"
+        f"above = ('flwr', *{ABOVE_THE_CORE!r})\n"
         "print(sorted(m for m in sys.modules if m.startswith(above)))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -103,11 +111,11 @@ def test_the_layers_point_one_way():
         imported = imports_of(path, set(modules))
         if name in core_modules():
             assert not any(target.startswith(ABOVE_THE_CORE) for target in imported), (name, imported)
-        if name.startswith(("clients", "strategies", "fedcond.federation")):
+        if name.startswith((*METHOD_PACKAGES, "fedcond.federation")):
             assert not any(target.startswith("fedcond.tools") for target in imported), (name, imported)
-        if name.startswith("clients") or name in CLIENT_SIDE:
+        if name.startswith("fedcond.clients") or name in CLIENT_SIDE:
             # The ClientApp finds the method's client by its name: nothing of the server's.
-            server = {t for t in imported if t.startswith("strategies") or t in server_side_modules()}
+            server = {t for t in imported if t.startswith("fedcond.strategies") or t in server_side_modules()}
             assert not server, (name, server)
     # The method table finds the methods' modules by name and imports them when asked: it imports no
     # client or strategy when it is imported.
@@ -115,7 +123,7 @@ def test_the_layers_point_one_way():
     top = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)] + [
         alias.name for n in tree.body if isinstance(n, ast.Import) for alias in n.names
     ]
-    assert not [name for name in top if name and name.startswith(("clients", "strategies"))], top
+    assert not [name for name in top if name and name.startswith(METHOD_PACKAGES)], top
 
 
 @pytest.mark.slow
@@ -136,7 +144,7 @@ def test_a_clientapp_process_imports_no_server_or_report_libraries():
         "    settings = {'method': method, 'num-clusters': 2, 'clients-per-cluster': 2}\n"
         "    client_app.build_client(context, client_app.client_run_config(settings))\n"
         "heavy = ('sklearn', 'scipy.stats', 'scipy.sparse.linalg', 'matplotlib', 'fedcond.tools', 'ray')\n"
-        f"heavy += ('strategies.', *{server_side_modules()!r})\n"
+        f"heavy += ('fedcond.strategies', *{server_side_modules()!r})\n"
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
     )
     from fedcond.data.datasets import load_dataset
@@ -150,11 +158,15 @@ def test_clients_and_strategies_import_nothing_of_each_other():
     """The Flower adapters stay apart: what runs both (the in-process simulation) sits with the tools;
     the ClientApp finds its method's client by name (``fedcond.variants.client_path``)."""
     modules = project_modules()
+
+    def side(module: str) -> str | None:
+        return next((package for package in METHOD_PACKAGES if module.startswith(package + ".")), None)
+
     across = {
         (name, target)
         for name, path in modules.items()
         for target in imports_of(path, set(modules))
-        if {name.split(".")[0], target.split(".")[0]} == {"clients", "strategies"}
+        if {side(name), side(target)} == set(METHOD_PACKAGES)
     }
     assert across == set()
 

@@ -110,8 +110,9 @@ def test_local_never_mixes_anything():
     second = client.stored_model("local-model")
     assert all(np.abs(w).max() < 100 for w in get_weights(second))
     assert any(not np.array_equal(a, b) for a, b in zip(get_weights(first), get_weights(second), strict=True))
+    from fedcond.strategies.local import LocalStrategy
+
     from fedcond.federation.strategy import FedcondStrategy
-    from strategies.local import LocalStrategy
 
     assert LocalStrategy.combine is FedcondStrategy.combine  # the server has nothing to combine
 

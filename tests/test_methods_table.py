@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import clients
-import strategies
+from fedcond import clients, strategies
 from fedcond.errors import FedcondError
 from fedcond.federation import methods
 from fedcond.federation.client_app import client_class
@@ -17,7 +16,7 @@ def extra_modules(tmp_path, monkeypatch):
     """A folder the strategies and clients packages also read: a method module written there is found
     as one written in strategies/ (or clients/) would be, without touching the checkout."""
     for package in (strategies, clients):
-        folder = tmp_path / package.__name__
+        folder = tmp_path / package.__name__.rpartition(".")[2]
         folder.mkdir()
         monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
     methods.declared_methods.cache_clear()

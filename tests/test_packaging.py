@@ -15,6 +15,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedcond", "clients", "strategies")
+#: Where each folder of the checkout lies in the wheel: the methods' folders inside fedcond.
+INSTALLED_AS = {"fedcond": "fedcond", "clients": "fedcond/clients", "strategies": "fedcond/strategies"}
+#: The portals that lead a checkout's fedcond.clients and fedcond.strategies to the top-level folders.
+PORTALS = {"fedcond/clients/__init__.py", "fedcond/strategies/__init__.py"}
+
+
+def installed_path(path: str) -> str:
+    folder, _, rest = path.partition("/")
+    return f"{INSTALLED_AS[folder]}/{rest}"
 
 
 @pytest.mark.slow
@@ -34,8 +43,16 @@ def test_a_built_wheel_holds_and_imports_every_module(tmp_path):
         capture_output=True,
     )
     (wheel,) = dist.glob("fedcond-*.whl")
-    modules = {path.relative_to(source).as_posix() for package in PACKAGES for path in (source / package).rglob("*.py")}
-    assert modules - set(zipfile.ZipFile(wheel).namelist()) == set()
+    checkout = {
+        path.relative_to(source).as_posix() for package in PACKAGES for path in (source / package).rglob("*.py")
+    }
+    modules = {installed_path(path) for path in checkout - PORTALS}
+    listed = set(zipfile.ZipFile(wheel).namelist())
+    assert modules - listed == set()
+    # One top-level package: no `clients` or `strategies` beside a user's own packages.
+    assert {name.split("/")[0] for name in listed} == {"fedcond", "fedcond-0.1.0.dist-info"}
+    # The wheel's fedcond.strategies is the methods' folder itself, not the checkout's portal.
+    assert "__path__" not in zipfile.ZipFile(wheel).read("fedcond/strategies/__init__.py").decode()
 
     installed = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(installed)

@@ -1,4 +1,4 @@
-"""pFedHN (fedcond.model.hypernetwork, strategies.pfedhn): each client is served the model its embedding
+"""pFedHN (fedcond.model.hypernetwork, fedcond.strategies.pfedhn): each client is served the model its embedding
 generates, the server's step moves that model towards what the client returned, a newcomer gets the
 mean embedding's model and learns an embedding of its own with the hypernetwork frozen, and the
 hypernetwork survives a checkpoint."""
@@ -188,10 +188,11 @@ def test_the_hypernetwork_and_its_momentum_survive_a_checkpoint():
 
 
 def test_each_clients_batch_norm_statistics_survive_a_checkpoint(tmp_path):
+    from fedcond.strategies.pfedhn import PFedHNStrategy
+
     from fedcond.config import RunConfig
     from fedcond.data.scenarios import scenario_for
     from fedcond.federation.strategy import StrategyInputs
-    from strategies.pfedhn import PFedHNStrategy
     from tests.test_cifar import write_cifar10_folder
 
     write_cifar10_folder(tmp_path / "cifar10-jpeg")  # fedcond's CIFAR CNN has batch norm

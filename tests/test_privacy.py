@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fedcond.strategies.fedavg import FedcondFedAvg
 from flwr.common import (
     Code,
     Context,
@@ -41,7 +42,6 @@ from fedcond.model.training import DpSgd, ProximalTerm, TrainSettings, train, tr
 from fedcond.privacy import dp as privacy
 from fedcond.privacy.attack import cosine_similarity, reconstruct_condition, relative_error, undo_zscore
 from fedcond.tools.experiment import Experiment, record_experiment
-from strategies.fedavg import FedcondFedAvg
 from tests.scripts import load_script
 
 # Two clusters of one client each on digits, one local epoch: ~70 training samples per client.

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from fedcond.clients.scaffold import ControlCorrection, step_weight, updated_control
+from fedcond.strategies.scaffold import ScaffoldStrategy
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
-from clients.scaffold import ControlCorrection, step_weight, updated_control
 from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
 from fedcond.federation.messages import PAYLOAD_PARTS, TRAIN_LOSS, pack_parts, unpack_parts
@@ -19,7 +20,6 @@ from fedcond.federation.strategy import StrategyInputs
 from fedcond.model.training import MomentumSGD
 from fedcond.tools.experiment import read_history
 from fedcond.tools.simulation import simulate
-from strategies.scaffold import ScaffoldStrategy
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])

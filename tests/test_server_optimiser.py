@@ -360,8 +360,9 @@ def test_a_method_whose_server_averages_no_model_refuses_the_server_optimiser_in
 def test_oracle_with_momentum_resumed_after_round_2_equals_the_uninterrupted_run(tmp_path, monkeypatch):
     """FedAvgM's velocities (one per cluster model) are in the checkpoint: Oracle stopped before round 3
     and resumed computes round 3 as the run that never stopped, to the last bit of every model."""
+    from fedcond.strategies.oracle import OracleStrategy
+
     from fedcond.records.checkpoint import RESUME, load_checkpoint
-    from strategies.oracle import OracleStrategy
     from tests.test_resume import assert_same_models, history
 
     def config(name: str):

@@ -44,7 +44,7 @@ def client_class(method: str) -> type[FedcondClient]:
     if method in POOLED_METHODS:
         raise not_a_federation(method)
     module, _, name = client_path(method).partition(":")
-    where = module.replace(".", "/") + ".py"
+    where = module.removeprefix("fedcond.").replace(".", "/") + ".py"  # the checkout's clients/<method>.py
     try:
         found = getattr(importlib.import_module(module), name, None)
     except ModuleNotFoundError as error:

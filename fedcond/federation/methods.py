@@ -127,9 +127,9 @@ METHOD_MODULES = (
 def method_module(module: str) -> ModuleType:
     """``strategies.<module>``, imported, or a one-line error naming its file."""
     try:
-        return importlib.import_module(f"strategies.{module}")
+        return importlib.import_module(f"fedcond.strategies.{module}")
     except ModuleNotFoundError as error:
-        if error.name != f"strategies.{module}":
+        if error.name != f"fedcond.strategies.{module}":
             raise FedcondError(f"strategies/{module}.py cannot be imported: {error}") from error
         raise FedcondError(
             f"strategies/{module}.py is missing: fedcond/federation/methods.py METHOD_MODULES lists it; "
@@ -158,7 +158,7 @@ def checked_declaration(module: str) -> Declaration:
 def unlisted_method_modules() -> list[str]:
     """The modules of strategies/ that METHOD_MODULES does not list (each a mistake: a method that
     would silently be left out, or a module that is no method)."""
-    import strategies
+    from fedcond import strategies
 
     found = {info.name for info in pkgutil.iter_modules(strategies.__path__)}
     return sorted(found - set(METHOD_MODULES))

@@ -14,7 +14,7 @@ from fedcond.errors import FedcondError
 
 Model = list[np.ndarray]
 #: DAC's k: the peers each client averages with (fedcond.federation.peer) and a newcomer is served the
-#: average of (clients.dac).
+#: average of (fedcond.clients.dac).
 DAC_NEIGHBOURS = Option("dac-neighbours", 3, "DAC: how many most similar peers each client averages with", minimum=1)
 
 

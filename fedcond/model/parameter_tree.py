@@ -18,7 +18,7 @@ models per split, whatever the number of clients.
 
 A message to a newcomer carries the leaves' current models, then per split θ* and the two sides'
 directions (flat float32 arrays), with the tree's shape in the round's settings (``header``). Core
-code: no Flower (``strategies.cfl`` keeps the tree, ``clients.cfl`` walks it).
+code: no Flower (``fedcond.strategies.cfl`` keeps the tree, ``fedcond.clients.cfl`` walks it).
 """
 
 from __future__ import annotations
