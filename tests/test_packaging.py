@@ -82,3 +82,7 @@ def test_a_built_wheel_holds_and_imports_every_module(tmp_path):
                    "--runner", "in-process", "--out", "out", *small)  # fmt: skip
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert '"status": "finished"' in (tmp_path / "out" / "runs" / "method-fedavg_seed-0" / "run.json").read_text()
+    # Outside a checkout there is no Flower app for `flwr run`: the run and its dry run refuse alike.
+    ran, dry = run("-m", "fedcond.tools.cli", "run", *small), run("-m", "fedcond.tools.cli", "run", "--dry-run", *small)
+    assert "no Flower app" in ran.stderr and ran.returncode != 0, ran.stderr[-2000:]
+    assert (dry.returncode, dry.stderr) == (ran.returncode, ran.stderr)

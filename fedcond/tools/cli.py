@@ -90,7 +90,10 @@ def run(
     ``flower.log`` in the run's folder, which also gets ``convergence.png``. Flower's local SuperLink
     stays up for the next run unless ``stop_superlink``; its PID is in the run's folder either way."""
     if dry_run:
-        print(describe_run(run_settings(assignments, override_file)))
+        planned = run_settings(assignments, override_file)
+        if not is_pooled(planned):
+            app_directory()  # the Flower app `flwr run` is given: a dry run refuses where the run would
+        print(describe_run(planned))
         return 0
     config, overrides = prepare(assignments, override_file)
     if is_pooled(config):

@@ -425,6 +425,7 @@ def deploy_local(
     if keys_folder is not None:
         check_keys_folder(keys_folder, nodes)  # before anything starts
     if dry_run:
+        app_directory()  # the Flower app the run is submitted from: a dry run refuses where the run would
         security = "plain HTTP" if insecure else "TLS, authenticated SuperNodes"
         print(
             f"fedcond: dry run: a SuperLink and {nodes} SuperNodes on 127.0.0.1 ({security}) would run "
