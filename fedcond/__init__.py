@@ -11,8 +11,9 @@ The core, by concern (none of it imports Flower's layer):
 - ``records``: what a run leaves (history.csv, run.json, checkpoints, provenance, live curves, metrics).
 
 Beside them: ``config`` (the run's settings), ``variants``, ``newcomers``, ``stopping``, ``pooled``
-(the paper's pooled protocol). Flower's adapters live in the top-level ``clients`` and ``strategies``
-packages; ``tools`` is the command line on top of everything.
+(the paper's pooled protocol). Above the core: ``federation`` (the round protocol on Flower), the
+methods (``strategies`` and ``clients``, the top-level folders of a checkout) and ``tools`` (the
+command line on top of everything).
 """
 
 __version__ = "0.1.0"

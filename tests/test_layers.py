@@ -107,15 +107,16 @@ def test_no_import_circle_between_the_projects_modules():
 
 def test_the_layers_point_one_way():
     modules = project_modules()
+    core, server_side = set(core_modules()), set(server_side_modules())
     for name, path in modules.items():
         imported = imports_of(path, set(modules))
-        if name in core_modules():
+        if name in core:
             assert not any(target.startswith(ABOVE_THE_CORE) for target in imported), (name, imported)
         if name.startswith((*METHOD_PACKAGES, "fedcond.federation")):
             assert not any(target.startswith("fedcond.tools") for target in imported), (name, imported)
         if name.startswith("fedcond.clients") or name in CLIENT_SIDE:
             # The ClientApp finds the method's client by its name: nothing of the server's.
-            server = {t for t in imported if t.startswith("fedcond.strategies") or t in server_side_modules()}
+            server = {t for t in imported if t.startswith("fedcond.strategies") or t in server_side}
             assert not server, (name, server)
     # The method table finds the methods' modules by name and imports them when asked: it imports no
     # client or strategy when it is imported.

@@ -3,6 +3,8 @@ its file: never silently left out."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from fedcond import clients, strategies
@@ -22,8 +24,6 @@ def extra_modules(tmp_path, monkeypatch):
     methods.declared_methods.cache_clear()
     yield tmp_path
     methods.declared_methods.cache_clear()
-    import sys
-
     for name in [name for name in sys.modules if name.endswith(".fedrep")]:
         del sys.modules[name]
 

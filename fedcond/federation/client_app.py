@@ -47,10 +47,10 @@ def client_class(method: str) -> type[FedcondClient]:
     where = module.removeprefix("fedcond.").replace(".", "/") + ".py"  # the checkout's clients/<method>.py
     try:
         found = getattr(importlib.import_module(module), name, None)
-    except ModuleNotFoundError as error:
-        if error.name != module:
-            raise FedcondError(f"{where} cannot be imported: {error}") from error
-        raise FedcondError(f"unknown method '{method}': no {where}; fedcond list names them") from None
+    except ImportError as error:  # ModuleNotFoundError included: unknown only when it is this module
+        if isinstance(error, ModuleNotFoundError) and error.name == module:
+            raise FedcondError(f"unknown method '{method}': no {where}; fedcond list names them") from None
+        raise FedcondError(f"{where} cannot be imported: {error}") from error
     if not (isinstance(found, type) and issubclass(found, FedcondClient)):
         what = "missing" if found is None else repr(found)
         raise FedcondError(f"{where}: {name} is {what}, not a FedcondClient subclass; every client module has one")

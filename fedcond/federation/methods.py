@@ -125,17 +125,16 @@ METHOD_MODULES = (
 
 
 def method_module(module: str) -> ModuleType:
-    """``strategies.<module>``, imported, or a one-line error naming its file."""
+    """``fedcond.strategies.<module>``, imported, or a one-line error naming its file."""
+    target = f"fedcond.strategies.{module}"
     try:
-        return importlib.import_module(f"fedcond.strategies.{module}")
-    except ModuleNotFoundError as error:
-        if error.name != f"fedcond.strategies.{module}":
-            raise FedcondError(f"strategies/{module}.py cannot be imported: {error}") from error
-        raise FedcondError(
-            f"strategies/{module}.py is missing: fedcond/federation/methods.py METHOD_MODULES lists it; "
-            "restore the file or take it off the list"
-        ) from None
-    except ImportError as error:
+        return importlib.import_module(target)
+    except ImportError as error:  # ModuleNotFoundError included: missing only when it is this module
+        if isinstance(error, ModuleNotFoundError) and error.name == target:
+            raise FedcondError(
+                f"strategies/{module}.py is missing: fedcond/federation/methods.py METHOD_MODULES lists it; "
+                "restore the file or take it off the list"
+            ) from None
         raise FedcondError(f"strategies/{module}.py cannot be imported: {error}") from error
 
 
