@@ -64,11 +64,11 @@ class ConditionalClient(FedcondClient):
     def raw_fingerprint(self) -> np.ndarray:
         """The fingerprint before normalisation: with ``fingerprint-epsilon``, noised once, here, and
         only the noisy vector kept (the ledger records the release)."""
-        recompute = self.drifted and self.run_config.drift_fingerprint == "recompute"
+        recompute = self.data is not self.own_data and self.run_config.drift_fingerprint == "recompute"
         key = DRIFTED_FINGERPRINT_KEY if recompute else FINGERPRINT_KEY
         # Stale (or before any drift): the fingerprint of its own data, whenever it is first computed.
         data = self.data if recompute else self.fingerprinted_data()
-        if key not in self.state.array_records:
+        if key not in self.kept.state.array_records:
             vector = client_fingerprint(self.run_config, data)
             if self.privacy.private_fingerprint and fp.fingerprint_spec(self.run_config.fingerprint).needs_data:
                 release = private_fingerprint(
@@ -76,11 +76,11 @@ class ConditionalClient(FedcondClient):
                     data.num_classes, self.run_config.fingerprint_dim, self.privacy,
                 )  # fmt: skip
                 vector = release.vector
-                ledger = self.privacy_ledger()
+                ledger = self.kept.ledger()
                 ledger.add(release.noise_multiplier, 1.0, 1)
-                self.save_privacy_ledger(ledger)
-            self.state.array_records[key] = ArrayRecord(numpy_ndarrays=[vector])
-        return self.state.array_records[key].to_numpy_ndarrays()[0]
+                self.kept.save_ledger(ledger)
+            self.kept.state.array_records[key] = ArrayRecord(numpy_ndarrays=[vector])
+        return self.kept.state.array_records[key].to_numpy_ndarrays()[0]
 
     def condition(self, round_config: dict[str, object]) -> np.ndarray | None:
         """The normalised fingerprint the model is fed."""
@@ -104,7 +104,6 @@ class ConditionalClient(FedcondClient):
         condition = head_fit.augmented(self.condition(round_config), self.model.condition_scale)
         with head_fit.PlainHead(self.model, condition) as head:
             loss = self.train_locally(self.model, round_config, term=self.local_term(parameters))
-        self.keep_local_norm()
         arrays = get_weights(self.model)
         moment, gram = head_fit.client_products(condition, head.change())
         for index, array in zip(head_fit.head_indices(list(self.model.state_dict())),

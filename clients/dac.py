@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcond.federation.client import FedcondClient
+from fedcond.federation.client import FedcondClient, evaluate_with, split_models
 from fedcond.model.aggregation import DAC_NEIGHBOURS
 from fedcond.model.networks import Network, set_weights
 from fedcond.newcomers import lowest_loss_average
@@ -19,11 +19,11 @@ class DacClient(FedcondClient):
     options = (DAC_NEIGHBOURS,)
 
     def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
-        peers = self.split_models(parameters)
+        peers = split_models(parameters, self.model, self.run_config.method)
         losses = []
         for peer in peers:
             set_weights(self.model, peer)
-            fit = self.evaluate_on(self.model, self.data.train_x, self.data.train_y, None)
+            fit = evaluate_with(self.train_settings, self.model, self.data.train_x, self.data.train_y, None)
             losses.append(fit.loss)
         set_weights(self.model, lowest_loss_average(peers, losses, DAC_NEIGHBOURS.of(self.run_config)))
         return self.model

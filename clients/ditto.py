@@ -27,15 +27,15 @@ class DittoClient(FedcondClient):
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         set_weights(self.model, parameters)
-        personal = self.stored_model(PERSONAL_MODEL) or self.fresh_model()
+        personal = self.kept.model(PERSONAL_MODEL, self.fresh_model) or self.fresh_model()
         settings = dataclasses.replace(self.train_settings, epochs=PERSONAL_EPOCHS.of(self.run_config))
         proximal = ProximalTerm(anchor=self.model, strength=LAMBDA.of(self.run_config))
         self.train_locally(personal, round_config, settings, proximal)
-        self.store_model(PERSONAL_MODEL, personal)
+        self.kept.put_model(PERSONAL_MODEL, personal)
         return super().train_round(parameters, round_config)
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
-        personal = self.stored_model(PERSONAL_MODEL)
+        personal = self.kept.model(PERSONAL_MODEL, self.fresh_model)
         if personal is None:  # never trained (a held-out client, or before round 1): the global model
             return super().evaluate_round(parameters, round_config)
         return self.evaluate_model(personal, round_config)

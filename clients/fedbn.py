@@ -15,9 +15,7 @@ class FedBNClient(FedcondClient):
 
     state_lost_on_resume = "each client's own batch-norm layers (taken again from the global model, then kept)"
 
-    @property
-    def keeps_local_norm(self) -> bool:
-        return True
+    always_keeps_local_norm = True
 
 
 #: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcond.federation.client import Evaluated, FedcondClient, Fitted
+from fedcond.federation.client import Evaluated, FedcondClient, Fitted, evaluate_with, split_models
 from fedcond.federation.messages import CHOICE, EVALUATE_CHOICE, TRAIN_LOSS
 from fedcond.model.aggregation import lowest_loss_choice
 from fedcond.model.networks import Network, get_weights, set_weights
@@ -25,12 +25,14 @@ class IfcaClient(FedcondClient):
         losses = []
         for candidate in candidates:
             set_weights(self.model, candidate)
-            fit = self.evaluate_on(self.model, self.data.train_x, self.data.train_y, self.condition(round_config))
+            fit = evaluate_with(
+                self.train_settings, self.model, self.data.train_x, self.data.train_y, self.condition(round_config)
+            )
             losses.append(fit.loss)
         return lowest_loss_choice(losses)
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
-        candidates = self.split_models(parameters)
+        candidates = split_models(parameters, self.model, self.run_config.method)
         choice = self.choose(candidates, round_config)
         set_weights(self.model, candidates[choice])
         loss = self.train_locally(self.model, round_config)
@@ -42,17 +44,19 @@ class IfcaClient(FedcondClient):
         # last choice, which the server names (``EVALUATE_CHOICE``; none yet: the one it would choose).
         if EVALUATE_CHOICE not in round_config:
             return self.evaluate_round(parameters, round_config)
-        set_weights(self.model, self.split_models(parameters)[int(round_config[EVALUATE_CHOICE])])  # type: ignore[arg-type]
+        set_weights(
+            self.model, split_models(parameters, self.model, self.run_config.method)[int(round_config[EVALUATE_CHOICE])]
+        )  # type: ignore[arg-type]
         return self.evaluate_model(self.model, round_config)
 
     def newcomer_model(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Network:
         """IFCA's cluster identity step for a newcomer: the K models' lowest loss on its training data."""
-        candidates = self.split_models(parameters)
+        candidates = split_models(parameters, self.model, self.run_config.method)
         set_weights(self.model, candidates[self.choose(candidates, round_config)])
         return self.model
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
-        candidates = self.split_models(parameters)
+        candidates = split_models(parameters, self.model, self.run_config.method)
         chosen = candidates[self.choose(candidates, round_config)] if len(candidates) > 1 else candidates[0]
         set_weights(self.model, chosen)
         return self.evaluate_model(self.model, round_config)

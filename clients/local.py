@@ -17,12 +17,12 @@ class LocalClient(FedcondClient):
     state_lost_on_resume = "each client's own model (trained again from the initial model)"
 
     def own_model(self) -> Network:
-        return self.stored_model(LOCAL_MODEL) or self.fresh_model()
+        return self.kept.model(LOCAL_MODEL, self.fresh_model) or self.fresh_model()
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         model = self.own_model()
         loss = self.train_locally(model, round_config)
-        self.store_model(LOCAL_MODEL, model)
+        self.kept.put_model(LOCAL_MODEL, model)
         return [], len(self.data.train_y), {TRAIN_LOSS: loss}
 
     def evaluate_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:

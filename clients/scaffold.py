@@ -86,15 +86,14 @@ class ScaffoldClient(FedcondClient):
         received = self.received(parameters, round_config)
         x, server = received["model"], received["control"]
         self.receive(self.model, x)
-        own = self.stored_arrays(OWN_CONTROL) or [np.zeros_like(array, dtype=np.float32) for array in x]
+        own = self.kept.arrays(OWN_CONTROL) or [np.zeros_like(array, dtype=np.float32) for array in x]
         correction = ControlCorrection(self.model, server, own)
         loss = self.train_locally(self.model, round_config, term=correction)
-        self.keep_local_norm()
         trained = get_weights(self.model)
         settings = self.train_settings
         new_own = updated_control(own, server, x, trained, correction.trained, correction.steps,
                                   settings.learning_rate, settings.momentum)  # fmt: skip
-        self.store_arrays(OWN_CONTROL, new_own)
+        self.kept.put(OWN_CONTROL, new_own)
         change = [after - before for after, before in zip(new_own, own, strict=True)]
         arrays, names = pack_parts({"model": trained, "control-change": change})
         return arrays, len(self.data.train_y), {TRAIN_LOSS: loss, PAYLOAD_PARTS: names}

@@ -33,7 +33,7 @@ ABOVE_THE_CORE = ("fedcond.federation", "fedcond.tools", *METHOD_PACKAGES)
 #: The protocol's client side: what a ClientApp process imports (never the server's modules).
 CLIENT_SIDE = {
     f"fedcond.federation.{name}"
-    for name in ("client_app", "client", "secagg_mod", "clipping_mod", "messages", "participation")
+    for name in ("client_app", "client", "client_state", "secagg_mod", "clipping_mod", "messages", "participation")
 }
 
 

@@ -105,9 +105,9 @@ def test_local_never_mixes_anything():
     garbage = [np.full_like(w, 1e3) for w in get_weights(client.model)]
     weights, count, _ = client.fit(garbage, {"server-round": 1})
     assert weights == [] and count > 0  # nothing leaves the client
-    first = client.stored_model("local-model")
+    first = client.kept.model("local-model", client.fresh_model)
     client.fit(garbage, {"server-round": 2})  # what the server sends is ignored
-    second = client.stored_model("local-model")
+    second = client.kept.model("local-model", client.fresh_model)
     assert all(np.abs(w).max() < 100 for w in get_weights(second))
     assert any(not np.array_equal(a, b) for a, b in zip(get_weights(first), get_weights(second), strict=True))
     from fedcond.strategies.local import LocalStrategy

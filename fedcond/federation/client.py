@@ -11,24 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import threading
 from typing import ClassVar
 
 import numpy as np
 from flwr.client import NumPyClient
-from flwr.common import ArrayRecord, ConfigRecord, Context
+from flwr.common import Context
 
 from fedcond.config import Option, RunConfig
 from fedcond.data.client_data import ClientData, cached_client_data, reuse_enabled
 from fedcond.data.scenarios import drift_partners_of
 from fedcond.errors import FedcondError
+from fedcond.federation.client_state import KeptState
 from fedcond.federation.messages import (
     ACCURACY,
     ADAPTED_ACCURACY,
     CLASS_CORRECT,
     CLASS_COUNT,
-    EPSILON,
     ERROR,
     EVALUATE_FIRST,
     EVALUATED_ACCURACY,
@@ -50,11 +49,9 @@ from fedcond.model.networks import Network, build_run_model, get_weights, set_we
 from fedcond.model.store import CLIENT_STATE_DIR, ClientModelFiles
 from fedcond.model.training import DpSgd, EvalResult, LocalTerm, TrainSettings, evaluate, train, train_private
 from fedcond.newcomers import NEWCOMER_STEPS, step_indices
-from fedcond.privacy.dp import PrivacyLedger, SampleLevelPrivacy
+from fedcond.privacy.dp import SampleLevelPrivacy
 from fedcond.records.metrics import PER_CLASS_ACCURACY
 
-#: Every DP mechanism this client ran on its training data (fedcond.privacy.dp.PrivacyLedger), in its state.
-PRIVACY_LEDGER_KEY = "privacy-ledger"
 #: A client that keeps its own batch-norm layers (``keeps_local_norm``): them, in its state.
 LOCAL_NORM_KEY = "local-batch-norm"
 
@@ -72,12 +69,56 @@ def _reusable_model(run_config: RunConfig, num_classes: int, conditioned: bool, 
     return build_run_model(run_config, num_classes, conditioned)
 
 
+def evaluate_with(
+    settings: TrainSettings, model: Network, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None
+) -> EvalResult:
+    """``fedcond.model.training.evaluate`` under a run's layout and task (a regression's RMSE)."""
+    return evaluate(model, images, labels, condition, settings.channels_last, settings.regression)
+
+
+def scores_every_class(run_config: RunConfig, round_config: dict[str, object]) -> bool:
+    """With ``per-class-accuracy``, in the final round: the reply also counts each class."""
+    final = int(round_config.get(SERVER_ROUND, 0)) == run_config.num_server_rounds  # type: ignore[call-overload]
+    return final and bool(PER_CLASS_ACCURACY.of(run_config))
+
+
+def data_in_round(run_config: RunConfig, own_data: ClientData, round_config: dict[str, object]) -> ClientData:
+    """The data a client holds in the message's round: its own, or, if it drifts and the round is
+    ``drift-round`` or later, its partner's (``fedcond.data.drift``), under its own partition id."""
+    drift_round = run_config.drift_round
+    server_round = int(round_config.get(SERVER_ROUND, 0))
+    partner = drift_partners_of(run_config).get(own_data.partition_id) if drift_round else None
+    if partner is None or server_round < drift_round:
+        return own_data
+    moved = cached_client_data(run_config, partner)
+    return dataclasses.replace(moved, partition_id=own_data.partition_id)
+
+
+def split_models(parameters: list[np.ndarray], model: Network, method: str) -> list[list[np.ndarray]]:
+    """A message of several models of ``model``'s shape (IFCA's K, DAC's peers) as models."""
+    per_model = len(model.state_dict())
+    if not parameters or len(parameters) % per_model:
+        raise FedcondError(
+            f"a {method} client received a partial set of models; server and client disagree on the model"
+        )
+    return [parameters[i : i + per_model] for i in range(0, len(parameters), per_model)]
+
+
 class FedcondClient(NumPyClient):
     """A client of ``fedavg``: trains the plain backbone it receives and returns it.
 
     Flower rebuilds the client for every message, so everything that must outlive one message (a
     personal model, the privacy ledger, the fingerprint; SecAgg+'s mod keeps its keys there too)
-    lives in ``context.state``, never on ``self``.
+    lives in ``context.state`` (``self.kept``: ``fedcond.federation.client_state``), never on ``self``.
+
+    A method's client overrides only its hooks: ``train_round`` and ``evaluate_round`` (what one
+    training and one evaluation instruction do with the parameters received), ``local_term`` (what it
+    adds to each local step), ``condition`` (what the model is fed beside the images),
+    ``newcomer_model`` / ``evaluate_newcomer`` (what a client that never trained is served),
+    ``answer_before_training`` and ``evaluate_received``. The protocol does the rest for every method:
+    the round's data (drift), evaluate-in-fit, the privacy metrics, a one-line error in place of a
+    traceback, and a client's own batch-norm layers (put back by ``receive``, kept after every
+    training instruction).
 
     What a client sends says nothing of its cluster: fit replies carry the model (or, for IFCA, also
     its choice), the training loss and, with sample-level DP, the epsilon spent; evaluate replies the
@@ -88,6 +129,9 @@ class FedcondClient(NumPyClient):
     #: Whether the model this client trains takes a fingerprint (``ConditionalClient``): the method's
     #: model, as the server builds it too (``fedcond.federation.methods.Method.conditioned``).
     conditioned: ClassVar[bool] = False
+    #: Whether this method's clients always keep their own batch-norm layers (FedBN); otherwise only
+    #: with ``feature-norm=local-batch`` (``fedcond.model.feature_norm``).
+    always_keeps_local_norm: ClassVar[bool] = False
 
     #: Run-config settings of this client behaviour, declared here rather than in a central list.
     options: ClassVar[tuple[Option, ...]] = ()
@@ -103,58 +147,30 @@ class FedcondClient(NumPyClient):
         run_config = run_config.resolved()
         self.run_config = run_config
         #: This client's own partition; ``data`` is what it holds in the round of the message at hand
-        #: (a drifting client holds its partner's from ``drift-round`` on: ``hold_round_data``).
+        #: (a drifting client holds its partner's from ``drift-round`` on: ``data_in_round``).
         self.own_data = data
         self.data = data
-        self.state = context.state
         # With client-state-dir, the models this client keeps go to its own files instead of
         # context.state, which a simulation holds in memory for every virtual node.
         state_dir = CLIENT_STATE_DIR.of(run_config)
-        self.model_files = ClientModelFiles(state_dir, context.run_id, data.partition_id) if state_dir else None
-        self.model = self.working_model()
+        files = ClientModelFiles(state_dir, context.run_id, data.partition_id) if state_dir else None
+        self.kept = KeptState(context.state, files)
+        # The model the received weights are loaded into: reused between messages within a process.
+        # Only for weights set from a message (``set_weights`` overwrites every parameter and buffer);
+        # a model that must start from the seeded initial weights is ``fresh_model``.
+        self.model = (
+            _reusable_model(run_config, data.num_classes, self.conditioned, threading.get_ident())
+            if reuse_enabled() else self.fresh_model()
+        )  # fmt: skip
         self.train_settings = TrainSettings.of(run_config)
         self.privacy = SampleLevelPrivacy.of(run_config)
+        #: Whether this client keeps its own batch-norm layers (``receive`` puts them back, the
+        #: protocol keeps them after every training instruction).
+        self.keeps_local_norm = self.always_keeps_local_norm or run_config.feature_norm == "local-batch"
 
     def fresh_model(self) -> Network:
         """The seeded initial model: identical on every client and on the server."""
         return build_run_model(self.run_config, self.data.num_classes, self.conditioned)
-
-    def working_model(self) -> Network:
-        """The model the received weights are loaded into: reused between messages within a process.
-
-        Only for weights set from a message (``set_weights`` overwrites every parameter and buffer);
-        a model that must start from the seeded initial weights is ``fresh_model``.
-        """
-        if not reuse_enabled():
-            return self.fresh_model()
-        return _reusable_model(self.run_config, self.data.num_classes, self.conditioned, threading.get_ident())
-
-    def stored_arrays(self, key: str) -> list[np.ndarray] | None:
-        """Arrays this client keeps between rounds (a model's, a control variate's), in
-        ``context.state`` or its ``client-state-dir`` files (None before the first save)."""
-        if self.model_files is not None:
-            return self.model_files.get(key)
-        if key in self.state.array_records:
-            return self.state.array_records[key].to_numpy_ndarrays()
-        return None
-
-    def store_arrays(self, key: str, arrays: list[np.ndarray]) -> None:
-        if self.model_files is not None:
-            self.model_files.put(key, arrays)
-        else:
-            self.state.array_records[key] = ArrayRecord(numpy_ndarrays=arrays)
-
-    def stored_model(self, key: str) -> Network | None:
-        """A model this client keeps between rounds (``stored_arrays``; None before the first save)."""
-        weights = self.stored_arrays(key)
-        if weights is None:
-            return None
-        model = self.fresh_model()
-        set_weights(model, weights)
-        return model
-
-    def store_model(self, key: str, model: Network) -> None:
-        self.store_arrays(key, get_weights(model))
 
     def round_seed(self, round_config: dict[str, object]) -> int:
         """Batch-order seed of this client in this round: independent of scheduling, so reproducible."""
@@ -177,13 +193,13 @@ class FedcondClient(NumPyClient):
         """
         condition = self.condition(round_config)  # first: a DP fingerprint enters the ledger when made
         if self.privacy.dp_sgd:
-            ledger = self.privacy_ledger()
+            ledger = self.kept.ledger()
             dp_sgd = DpSgd(self.privacy.noise_multiplier, self.privacy.max_grad_norm)
             loss = train_private(
                 model, self.data.train_x, self.data.train_y, condition, settings or self.train_settings, dp_sgd,
                 ledger, term,
             )  # fmt: skip
-            self.save_privacy_ledger(ledger)
+            self.kept.save_ledger(ledger)
             return loss
         return train(
             model, self.data.train_x, self.data.train_y, condition, settings or self.train_settings,
@@ -193,65 +209,35 @@ class FedcondClient(NumPyClient):
     def evaluate_model(self, model: Network, round_config: dict[str, object]) -> Evaluated:
         """``model`` on this client's test set, reported as Flower's evaluate expects."""
         condition = self.condition(round_config)
-        result = self.evaluate_on(model, self.data.test_x, self.data.test_y, condition)
+        result = evaluate_with(self.train_settings, model, self.data.test_x, self.data.test_y, condition)
         metrics: dict[str, object] = {ACCURACY: result.accuracy}
         if self.data.has_validation:
             # The same model on the held-out share of the training data: what settings are chosen on.
-            validation = self.evaluate_on(model, self.data.validation_x, self.data.validation_y, condition)
+            validation = evaluate_with(
+                self.train_settings, model, self.data.validation_x, self.data.validation_y, condition
+            )
             metrics |= {VALIDATION_ACCURACY: validation.accuracy, VALIDATION_EXAMPLES: validation.num_samples}
-        if self.scores_every_class(round_config) and result.class_correct is not None:
+        if scores_every_class(self.run_config, round_config) and result.class_correct is not None:
             counts = np.bincount(self.data.test_y, minlength=len(result.class_correct))
             metrics |= {CLASS_CORRECT: array_to_bytes(result.class_correct, INT64),
                         CLASS_COUNT: array_to_bytes(counts, INT64)}  # fmt: skip
         return result.loss, result.num_samples, metrics
 
-    def scores_every_class(self, round_config: dict[str, object]) -> bool:
-        """With ``per-class-accuracy``, in the final round: the reply also counts each class."""
-        final = int(round_config.get(SERVER_ROUND, 0)) == self.run_config.num_server_rounds  # type: ignore[arg-type]
-        return final and bool(PER_CLASS_ACCURACY.of(self.run_config))
-
-    def evaluate_on(
-        self, model: Network, images: np.ndarray, labels: np.ndarray, condition: np.ndarray | None
-    ) -> EvalResult:
-        """``fedcond.model.training.evaluate`` under this run's layout and task (a regression's RMSE)."""
-        settings = self.train_settings
-        return evaluate(model, images, labels, condition, settings.channels_last, settings.regression)
-
     def condition(self, round_config: dict[str, object]) -> np.ndarray | None:
         """What the model is fed beside the images: nothing here (``ConditionalClient`` feeds the fingerprint)."""
         return None
 
-    # -- sample-level privacy: what the client has spent so far -----------------------------------------
-    def privacy_ledger(self) -> PrivacyLedger:
-        if PRIVACY_LEDGER_KEY not in self.state.config_records:
-            return PrivacyLedger()
-        return PrivacyLedger.from_record(dict(self.state.config_records[PRIVACY_LEDGER_KEY]))  # type: ignore[arg-type]
-
-    def save_privacy_ledger(self, ledger: PrivacyLedger) -> None:
-        if ledger.entries:
-            self.state.config_records[PRIVACY_LEDGER_KEY] = ConfigRecord(ledger.to_record())  # type: ignore[arg-type]
-
-    def privacy_metrics(self) -> dict[str, object]:
-        """With any sample-level DP setting: ``EPSILON``, the composed epsilon of everything this client
-        has released (inf when its training is not DP-SGD: the updates then are not private), and,
-        under DP-SGD, the training loss withheld (NaN): it is computed from the data without noise."""
-        if not self.privacy.enabled:
-            return {}
-        if not self.privacy.dp_sgd:
-            return {EPSILON: math.inf}
-        return {EPSILON: self.privacy_ledger().epsilon(self.privacy.delta), TRAIN_LOSS: math.nan}
-
     # -- Flower's entry points: a FedcondError becomes a one-line report, not a traceback ---------------
     def fit(self, parameters: list[np.ndarray], config: dict[str, object]) -> Fitted:
         try:
-            self.hold_round_data(config)
+            self.data = data_in_round(self.run_config, self.own_data, config)
             return self.fit_instruction(parameters, config)
         except FedcondError as error:
             return [], 0, {ERROR: str(error)}
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, object]) -> Evaluated:
         try:
-            self.hold_round_data(config)
+            self.data = data_in_round(self.run_config, self.own_data, config)
             if self.is_newcomer:
                 return self.evaluate_newcomer(parameters, config)
             return self.evaluate_round(parameters, config)
@@ -273,35 +259,23 @@ class FedcondClient(NumPyClient):
             f"unknown question {question.get(STEP)!r} before round 1; server and client run other fedcond versions"
         )
 
-    def hold_round_data(self, round_config: dict[str, object]) -> None:
-        """The data this client holds in the message's round: its own, or, if it drifts and the round is
-        ``drift-round`` or later, its partner's (``fedcond.data.drift``), under its own partition id."""
-        drift_round = self.run_config.drift_round
-        server_round = int(round_config.get(SERVER_ROUND, 0))
-        partner = drift_partners_of(self.run_config).get(self.own_data.partition_id) if drift_round else None
-        if partner is None or server_round < drift_round:
-            self.data = self.own_data
-            return
-        moved = cached_client_data(self.run_config, partner)
-        self.data = dataclasses.replace(moved, partition_id=self.own_data.partition_id)
-
-    @property
-    def drifted(self) -> bool:
-        return self.data is not self.own_data
-
     # -- federated rounds: what a method's client overrides --------------------------------------------
     def fit_instruction(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         """A training instruction: one round of training (a subclass may answer other steps). With
         ``EVALUATE_FIRST`` (evaluate-in-fit) the model the message brings is evaluated first, exactly as
-        the last round's evaluate message would have evaluated it, and the result rides in the reply."""
+        the last round's evaluate message would have evaluated it, and the result rides in the reply.
+        A client that keeps its own batch-norm layers keeps them as training left them, whatever the
+        method's ``train_round`` did."""
         evaluated = self.evaluate_received(parameters, round_config) if round_config.get(EVALUATE_FIRST) else None
         weights, num_examples, metrics = self.train_round(parameters, round_config)
+        if self.keeps_local_norm:
+            self.kept.put(LOCAL_NORM_KEY, feature_norm.local_state(self.model))
         if evaluated is not None:
             loss, examples, evaluation = evaluated
             metrics = {**metrics, EVALUATED_LOSS: loss, EVALUATED_EXAMPLES: examples,
                        EVALUATED_ACCURACY: evaluation[ACCURACY],
                        **{key: evaluation[key] for key in VALIDATION_KEYS if key in evaluation}}  # fmt: skip
-        return weights, num_examples, {**metrics, **self.privacy_metrics()}
+        return weights, num_examples, {**metrics, **self.kept.privacy_metrics(self.privacy)}
 
     def evaluate_received(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
         """What an evaluate message with the training instruction's parameters would answer (before this
@@ -309,32 +283,19 @@ class FedcondClient(NumPyClient):
         training instruction brings other parameters than its evaluate message (IFCA)."""
         return self.evaluate_round(parameters, round_config)
 
-    # -- batch-norm layers kept by each client (FedBN; a newcomer recomputes their statistics: AdaBN) -----
-    @property
-    def keeps_local_norm(self) -> bool:
-        """Whether this client keeps its own batch-norm layers (``fedcond.model.feature_norm``): with
-        ``feature-norm=local-batch`` here; always for FedBN's client."""
-        return self.run_config.feature_norm == "local-batch"
-
     def receive(self, model: Network, parameters: list[np.ndarray]) -> None:
         """Load the model a message brings into ``model``; a client that keeps its own batch-norm
         layers puts them back in place of the received ones (from its second round on)."""
         set_weights(model, parameters)
-        kept = self.stored_arrays(LOCAL_NORM_KEY) if self.keeps_local_norm else None
+        kept = self.kept.arrays(LOCAL_NORM_KEY) if self.keeps_local_norm else None
         if kept is not None:
             feature_norm.load_local_state(model, kept)
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
+        """Train ``self.model`` from the parameters received; its weights, sample count and metrics."""
         self.receive(self.model, parameters)
         loss = self.train_locally(self.model, round_config, term=self.local_term(parameters))
-        self.keep_local_norm()
         return get_weights(self.model), len(self.data.train_y), {TRAIN_LOSS: loss}
-
-    def keep_local_norm(self) -> None:
-        """After training: a client that keeps its own batch-norm layers stores them (``receive``
-        puts them back next round)."""
-        if self.keeps_local_norm:
-            self.store_arrays(LOCAL_NORM_KEY, feature_norm.local_state(self.model))
 
     def local_term(self, parameters: list[np.ndarray]) -> LocalTerm | None:
         """What this method adds to each local step of the model it received (FedProx's pull towards
@@ -369,14 +330,11 @@ class FedcondClient(NumPyClient):
         loss, examples, metrics = self.evaluate_model(served, round_config)
         steps = NEWCOMER_STEPS.of(self.run_config)
         if steps:
-            metrics = {**metrics, ADAPTED_ACCURACY: self.adapted_accuracy(served, steps, round_config)}
+            adapted = self.fresh_model()
+            set_weights(adapted, get_weights(served))
+            self.train_newcomer_steps(adapted, round_config, 0, steps)
+            metrics = {**metrics, ADAPTED_ACCURACY: self.evaluate_model(adapted, round_config)[2][ACCURACY]}
         return loss, examples, metrics
-
-    def adapted_accuracy(self, served: Network, steps: int, round_config: dict[str, object]) -> float:
-        adapted = self.fresh_model()
-        set_weights(adapted, get_weights(served))
-        self.train_newcomer_steps(adapted, round_config, 0, steps)
-        return self.evaluate_model(adapted, round_config)[2][ACCURACY]  # type: ignore[return-value]
 
     def train_newcomer_steps(self, model: Network, round_config: dict[str, object], first: int, count: int) -> float:
         """Train ``model`` for ``count`` SGD steps, on the samples of batches ``first`` to
@@ -388,13 +346,3 @@ class FedcondClient(NumPyClient):
         one_pass = dataclasses.replace(self.train_settings, epochs=1)
         condition = self.condition(round_config)
         return train(model, self.data.train_x[chosen], self.data.train_y[chosen], condition, one_pass, seed)
-
-    def split_models(self, parameters: list[np.ndarray]) -> list[list[np.ndarray]]:
-        """A message of several models (IFCA's K, DAC's peers) as models."""
-        per_model = len(self.model.state_dict())
-        if not parameters or len(parameters) % per_model:
-            raise FedcondError(
-                f"a {self.run_config.method} client received a partial set of models; server and client disagree "
-                "on the model"
-            )
-        return [parameters[i : i + per_model] for i in range(0, len(parameters), per_model)]
