@@ -47,7 +47,7 @@ from fedcond.federation.cluster_models import ClusterModels
 from fedcond.federation.declaration import Declaration, Facts
 from fedcond.federation.messages import PARAMETER_TREE
 from fedcond.federation.participation import EVALUATE
-from fedcond.federation.strategy import StrategyInputs
+from fedcond.federation.server_method import StrategyInputs
 from fedcond.model.aggregation import Model, vector_cosine_similarities
 from fedcond.model.networks import build_run_model, get_weights, trained_arrays
 from fedcond.model.parameter_tree import Split, header, pack, side_directions, weight_update

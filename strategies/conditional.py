@@ -29,7 +29,7 @@ from fedcond.federation.messages import (
     array_to_bytes,
 )
 from fedcond.federation.participation import STATISTICS, RoundParticipation
-from fedcond.federation.strategy import EMPTY
+from fedcond.federation.server_method import EMPTY
 from fedcond.fingerprint import fingerprints as fp
 from fedcond.fingerprint import statistics_encoding as statistics
 from fedcond.model import head_fit
@@ -129,25 +129,25 @@ class ConditionalFedAvg(FedcondFedAvg):
         participation = RoundParticipation(0, self.training_partitions)
         question = {STEP: STEP_STATISTICS, SERVER_ROUND: 0}
         instructions = [
-            (PartitionProxy(self.membership.node_of[partition], partition, participation, STATISTICS),
+            (PartitionProxy(self.protocol.membership.node_of[partition], partition, participation, STATISTICS),
              FitIns(EMPTY, dict(question)))
             for partition in self.training_partitions
         ]  # fmt: skip
-        outcome = self.secure_sum(
+        outcome = self.protocol.secure_rounds.sum(
             instructions, 0, client_manager, "the fingerprint statistics' secure sum",
             (statistics.CLIPPING_RANGE, statistics.QUANTIZATION_RANGE), max_weight=1.0,
         )  # fmt: skip
-        self.secure_sum_bytes = outcome.bytes_down + outcome.bytes_up
+        self.protocol.secure_sum_bytes = outcome.bytes_down + outcome.bytes_up
         outcome.record_failures(participation, STATISTICS)
         failures = list(participation.failures)
-        self.report_failures(failures)
-        self.check_secure_outcome(outcome, "the fingerprint statistics", failures)
+        self.protocol.tracker.report_failures(failures)
+        self.protocol.secure_rounds.check_outcome(outcome, "the fingerprint statistics", failures)
         count = len(outcome.contributors)
         total, total_of_squares = statistics.open_statistics(outcome.mean[0], count)  # type: ignore[index]
         if len(total) != dim:
             raise FedcondError(f"the secure sum gave {len(total)} statistics, expected {dim}; fingerprint-dim differs")
         mean, std = fp.mean_and_std(total, total_of_squares, count)
-        self.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
+        self.protocol.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
 
 
 #: This method's one declaration: the method table finds it by this module's name.

@@ -19,7 +19,7 @@ from fedcond.federation.messages import (
     STEP_DESCRIPTOR,
     array_from_bytes,
 )
-from fedcond.federation.strategy import StrategyInputs, initial_weights
+from fedcond.federation.server_method import StrategyInputs, initial_weights
 from fedcond.fingerprint.descriptor_clustering import DescriptorClusters, cluster_descriptors
 from fedcond.model.aggregation import Model
 
@@ -81,7 +81,7 @@ class DescriptorClusteringStrategy(ClusterModels):
     def set_up(self, client_manager: ClientManager) -> None:
         config = self.inputs.config
         partitions = range(config.num_clients)  # newcomers too: each is placed by its own descriptor
-        answers = ask_all([self.membership.node_of[pid] for pid in partitions], {STEP: STEP_DESCRIPTOR},
+        answers = ask_all([self.protocol.membership.node_of[pid] for pid in partitions], {STEP: STEP_DESCRIPTOR},
                           message_timeout(config))  # fmt: skip
         found = self.place([array_from_bytes(answer.get(DESCRIPTOR), DESCRIPTOR) for answer in answers])
         sizes = [found.labels.count(cluster) for cluster in range(found.count)]

@@ -7,14 +7,14 @@ from typing import Any
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fedcond.federation.declaration import GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
-from fedcond.federation.strategy import FedcondStrategy, StrategyInputs
+from fedcond.federation.server_method import ServerMethod, StrategyInputs
 from fedcond.model.aggregation import Model, weighted_average
 from fedcond.model.networks import build_run_model, get_weights, trained_arrays
 from fedcond.model.server_optimiser import ServerMomentum
 from fedcond.records.checkpoint import GLOBAL_MODEL
 
 
-class FedcondFedAvg(FedcondStrategy):
+class FedcondFedAvg(ServerMethod):
     """FedAvg (McMahan et al. 2017) with every client asked in every round.
 
     Each round all clients train the global model locally and return it; the new global model is
@@ -79,8 +79,8 @@ class FedcondFedAvg(FedcondStrategy):
     combines_the_mean = True
 
     def combine(self, server_round: int, results: list[tuple[int, FitRes]]) -> Parameters | None:
-        if self.fit_stream is not None:  # the replies' models were folded in as they came (same numbers)
-            return self.stepped(self.fit_stream.result({p: res.num_examples for p, res in results}))
+        if self.protocol.folded.stream is not None:  # the replies' models were folded in as they came (same numbers)
+            return self.stepped(self.protocol.folded.stream.result({p: res.num_examples for p, res in results}))
         # Decoded one at a time as the average consumes them (peak memory: one model, not one per client).
         models = (parameters_to_ndarrays(res.parameters) for _, res in results)
         return self.stepped(weighted_average(models, [res.num_examples for _, res in results]))

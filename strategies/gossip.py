@@ -26,7 +26,7 @@ class GossipStrategy(PeerToPeer):
     def newcomer_parameters(self, partition_id: int) -> Parameters:
         """A newcomer gossips too: it is served one training client's model, drawn anew each round."""
         config = self.inputs.config
-        peer = random_peer(config.seed, self.participation.round, partition_id, config.num_training_clients)
+        peer = random_peer(config.seed, self.protocol.participation.round, partition_id, config.num_training_clients)
         return ndarrays_to_parameters(self.models[peer])
 
     def mix(self, server_round: int, models: list[Model]) -> tuple[list[Model], int]:

@@ -14,7 +14,7 @@ from fedcond.federation.messages import (
     EVALUATE_FIRST,
 )
 from fedcond.federation.participation import FIT
-from fedcond.federation.strategy import StrategyInputs, initial_weights
+from fedcond.federation.server_method import StrategyInputs, initial_weights
 
 IFCA_MODELS = Option(
     "ifca-models",

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fedcond.federation.declaration import Declaration, Facts
-from fedcond.federation.strategy import FedcondStrategy
+from fedcond.federation.server_method import ServerMethod
 
 
-class LocalStrategy(FedcondStrategy):
+class LocalStrategy(ServerMethod):
     """Local: clients train and evaluate their own models, kept in their state; the server only
     schedules rounds and records the history. Nothing is exchanged (0 bytes).
     """

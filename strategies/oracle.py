@@ -3,14 +3,9 @@ clusters from its own scenario)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from flwr.common import Parameters
-from flwr.server.client_manager import ClientManager
-
 from fedcond.federation.cluster_models import ClusterModels
 from fedcond.federation.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
-from fedcond.federation.strategy import StrategyInputs, initial_weights
+from fedcond.federation.server_method import StrategyInputs, initial_weights
 
 
 class OracleStrategy(ClusterModels):
@@ -34,12 +29,11 @@ class OracleStrategy(ClusterModels):
         super().__init__(inputs, [initial_weights(inputs) for _ in range(inputs.config.num_clusters)])
         self.assignment = dict(enumerate(inputs.true_clusters))
 
-    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager) -> Any:
+    def start_round(self, server_round: int) -> None:
         # Oracle is told: from drift-round on, a drifting client is served (and averaged into) the cluster
         # whose data it now holds (fedcond.data.drift). Set before this round's fit and evaluate instructions.
         if self.inputs.config.drift_round:
             self.assignment = self.true_clusters_at(server_round)
-        return super().configure_fit(server_round, parameters, client_manager)
 
 
 #: This method's one declaration: the method table finds it by this module's name.

@@ -12,7 +12,7 @@ from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, para
 from fedcond.federation.declaration import GLOBAL_NEWCOMER, Declaration, Facts
 from fedcond.federation.messages import PAYLOAD_PARTS, pack_parts, unpack_parts
 from fedcond.federation.participation import FIT
-from fedcond.federation.strategy import StrategyInputs
+from fedcond.federation.server_method import StrategyInputs
 from fedcond.model.aggregation import Model, weighted_average
 
 

@@ -28,7 +28,7 @@ from fedcond.federation.client_app import make_client_app
 from fedcond.federation.membership import PartitionProxy
 from fedcond.federation.participation import FIT, RoundParticipation
 from fedcond.federation.secagg_workflow import SecureSum, run_secure_sum, workflow_for
-from fedcond.federation.strategy import StrategyInputs
+from fedcond.federation.server_method import StrategyInputs
 from fedcond.privacy.secure_aggregation import SecureAggregation
 
 FIRST_NODE_ID = 1000

@@ -52,7 +52,7 @@ def test_a_cluster_at_a_stationary_point_that_suits_none_of_its_clients_splits_a
     assert strategy.assignment[0] == strategy.assignment[1] != strategy.assignment[2] == strategy.assignment[3]
     (split,) = strategy.splits
     assert split["round"] == 2 and split["max_cross_similarity"] == pytest.approx(-1.0)
-    assert strategy.tracker.ari == 1.0
+    assert strategy.protocol.tracker.ari == 1.0
     # Each half averaged its own clients' models: 3 above the model on one side, 3 below on the other.
     start = float(strategy.models[0][0].flat[0] + strategy.models[1][0].flat[0]) / 2
     firsts = sorted(float(strategy.models[k][0].flat[0]) - start for k in range(2))

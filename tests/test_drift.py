@@ -77,7 +77,7 @@ def test_ifcas_ari_after_the_drift_is_against_the_clusters_the_clients_now_hold(
     for server_round in (3, 4):  # before the drift and at it: each client picks the cluster it holds
         truth = strategy.true_clusters_at(server_round)
         strategy.groups(server_round, [(pid, reply(model, 10, **{CHOICE: truth[pid]})) for pid in range(4)])
-        assert strategy.tracker.ari == 1.0, server_round
+        assert strategy.protocol.tracker.ari == 1.0, server_round
     assert truth != strategy.true_clusters_at(3)  # someone moved
 
 

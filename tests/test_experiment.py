@@ -474,13 +474,13 @@ def test_tidy_rows_name_the_fingerprint_and_conditioning_even_of_runs_recorded_b
 
 @pytest.mark.slow
 def test_a_failure_at_the_set_up_step_fails_that_run_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
-    import fedcond.federation.strategy
+    import fedcond.federation.secagg_workflow
 
     def broken_secure_sum(*_args: object) -> None:
         raise ValueError("the share step broke\n  on two lines")
 
     # The ServerApp runs in this process's thread, so the patch reaches the strategy's set-up step.
-    monkeypatch.setattr(fedcond.federation.strategy, "run_secure_sum", broken_secure_sum)
+    monkeypatch.setattr(fedcond.federation.secagg_workflow, "run_secure_sum", broken_secure_sum)
     out = tmp_path / "cmp"
     code = main([
         "compare", "--num-clusters", "2", "--clients-per-cluster", "1", "--rounds", "1",

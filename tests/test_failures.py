@@ -55,7 +55,8 @@ from fedcond.federation.messages import (
 )
 from fedcond.federation.methods import get_method, run_config
 from fedcond.federation.participation import EVALUATE, FAILED, TIMED_OUT, RoundParticipation, required_answers
-from fedcond.federation.strategy import EMPTY, FedcondStrategy, StrategyInputs
+from fedcond.federation.server_method import EMPTY, StrategyInputs
+from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model.training import check_not_diverged
 from fedcond.records.history import RunRecorder, results_folder
 from tests.method_settings import peer_to_peer_methods
@@ -131,9 +132,10 @@ def strategy_for(method: str, tmp_path: Path | None = None, **settings: object) 
     )
     strategy_class = get_method(method).strategy
     assert strategy_class is not None
-    strategy = strategy_class(StrategyInputs(config, 10, False, recorder, scenario=scenario_for(config)))
-    if hasattr(strategy, "trained"):  # Gossip's and DAC's mask of trained arrays: here FakeNode's replies
-        strategy.trained = [True] * len(layer_model(0.0))
+    inputs = StrategyInputs(config, 10, False, recorder, scenario=scenario_for(config))
+    strategy = FedcondStrategy(strategy_class(inputs))
+    if hasattr(strategy.method, "trained"):  # Gossip's and DAC's mask of trained arrays: here FakeNode's replies
+        strategy.method.trained = [True] * len(layer_model(0.0))
     return strategy
 
 
@@ -382,10 +384,10 @@ def test_a_training_loss_that_explodes_stops_the_run_in_one_line_naming_the_lear
 
 
 def test_pfedhns_divergence_names_its_own_server_step_first():
-    assert strategy_for("pfedhn", **{"learning-rate": 0.05}).divergence_fix() == (
+    assert strategy_for("pfedhn", **{"learning-rate": 0.05}).method.divergence_fix() == (
         "lower pfedhn-lr (now 0.002) or set pfedhn-step=round-mean, or learning-rate (now 0.05)"
     )
-    assert strategy_for("pfedhn", **{"pfedhn-step": "round-mean", "pfedhn-lr": 1.0}).divergence_fix() == (
+    assert strategy_for("pfedhn", **{"pfedhn-step": "round-mean", "pfedhn-lr": 1.0}).method.divergence_fix() == (
         "lower pfedhn-lr (now 1), or learning-rate (now 0.01)"
     )
 
@@ -428,12 +430,12 @@ def test_oracle_keeps_a_silent_clusters_model_and_needs_one_answer_per_model():
     strategy = strategy_for("oracle", **{"min-answered-fraction": 0.0})
     manager = federation(two_by_two(p2="crashed", p3="crashed"))  # all of cluster 1
     strategy.initialize_parameters(manager)
-    assert strategy.assignment == {0: 0, 1: 0, 2: 1, 3: 1}  # type: ignore[attr-defined]
-    silent = [np.copy(layer) for layer in strategy.models[1]]  # type: ignore[attr-defined]
+    assert strategy.method.assignment == {0: 0, 1: 0, 2: 1, 3: 1}  # type: ignore[attr-defined]
+    silent = [np.copy(layer) for layer in strategy.method.models[1]]  # type: ignore[attr-defined]
     fit_round(strategy, manager)
-    for layer, before in zip(strategy.models[1], silent, strict=True):  # type: ignore[attr-defined]
+    for layer, before in zip(strategy.method.models[1], silent, strict=True):  # type: ignore[attr-defined]
         np.testing.assert_array_equal(layer, before)
-    np.testing.assert_allclose(strategy.models[0][0], (10 * 1 + 20 * 2) / 30)  # type: ignore[attr-defined]
+    np.testing.assert_allclose(strategy.method.models[0][0], (10 * 1 + 20 * 2) / 30)  # type: ignore[attr-defined]
     # One answer for two models: too few, whatever min-answered-fraction allows.
     strategy = strategy_for("oracle", **{"min-answered-fraction": 0.0})
     manager = federation(two_by_two(p1="crashed", p2="crashed", p3="crashed"))
@@ -448,9 +450,9 @@ def test_ifca_sends_every_model_to_a_client_that_has_not_chosen_yet():
     manager = federation(two_by_two(p1="crashed in round 1"))
     strategy.initialize_parameters(manager)
     fit_round(strategy, manager, server_round=1)
-    assert strategy.assignment == {0: 0, 2: 1, 3: 1}  # type: ignore[attr-defined]
-    one_model = len(strategy.instruction(EVALUATE, 0, EMPTY, {})[0].tensors)
-    assert len(strategy.instruction(EVALUATE, 1, EMPTY, {})[0].tensors) == 2 * one_model  # all K = 2 models
+    assert strategy.method.assignment == {0: 0, 2: 1, 3: 1}  # type: ignore[attr-defined]
+    one_model = len(strategy.method.instruction(EVALUATE, 0, EMPTY, {})[0].tensors)
+    assert len(strategy.method.instruction(EVALUATE, 1, EMPTY, {})[0].tensors) == 2 * one_model  # all K = 2 models
 
 
 def test_ifca_client_evaluates_the_model_it_would_choose_when_given_all():
@@ -470,9 +472,9 @@ def test_peers_that_did_not_answer_keep_their_models_and_are_skipped(method):
     strategy = strategy_for(method, **{"min-answered-fraction": 0.5, "dac-neighbours": 3})
     manager = federation(two_by_two(p1="crashed"))
     strategy.initialize_parameters(manager)
-    start = [np.copy(layer) for layer in strategy.models[1]]  # type: ignore[attr-defined]
+    start = [np.copy(layer) for layer in strategy.method.models[1]]  # type: ignore[attr-defined]
     fit_round(strategy, manager)
-    models = strategy.models  # type: ignore[attr-defined]
+    models = strategy.method.models  # type: ignore[attr-defined]
     for layer, initial in zip(models[1], start, strict=True):
         np.testing.assert_array_equal(layer, initial)  # absent: untouched
     survivors = [models[p][0][0, 0] for p in (0, 2, 3)]

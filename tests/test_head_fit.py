@@ -14,7 +14,8 @@ from fedcond.federation.checks import check_run
 from fedcond.federation.client_app import node_data
 from fedcond.federation.messages import SERVER_ROUND
 from fedcond.federation.methods import get_method, run_config
-from fedcond.federation.strategy import StrategyInputs
+from fedcond.federation.server_method import StrategyInputs
+from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model import head_fit
 from fedcond.model.networks import build_run_model, get_weights, set_weights
 from fedcond.model.training import train
@@ -109,7 +110,8 @@ def test_the_server_fits_the_generator_and_averages_the_rest_of_the_model():
     config = run_config(RIDGE)
     check_run(config)
     method = get_method("conditional")
-    strategy = method.strategy(StrategyInputs(config, 10, True, None, scenario=scenario_for(config)))
+    inputs = StrategyInputs(config, 10, True, None, scenario=scenario_for(config))
+    strategy = FedcondStrategy(method.strategy(inputs)).method
     current = parameters_to_ndarrays(strategy.initial_global())
     indices = head_fit.head_indices(strategy.array_names)
     rng = np.random.default_rng(1)

@@ -19,7 +19,8 @@ from fedcond.federation.declaration import NEWCOMER_RULES
 from fedcond.federation.messages import CHOICE, SERVER_ROUND, TRAIN_LOSS
 from fedcond.federation.methods import get_method, held_out_methods
 from fedcond.federation.participation import EVALUATE, FIT
-from fedcond.federation.strategy import StrategyInputs
+from fedcond.federation.server_method import StrategyInputs
+from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model.networks import get_weights
 
 SMALL = {"num_clusters": 2, "clients_per_cluster": 2, "local_epochs": 1}
@@ -31,8 +32,7 @@ def strategy_for(method: str, **settings):
     config = RunConfig(method=method, **{**SMALL, **settings})
     chosen = get_method(method)
     inputs = StrategyInputs(config, 10, chosen.conditioned, None, scenario=scenario_for(config))
-    strategy = chosen.strategy(inputs)
-    return strategy
+    return FedcondStrategy(chosen.strategy(inputs)).method
 
 
 def reply(model, samples: int, **metrics) -> FitRes:
@@ -41,7 +41,7 @@ def reply(model, samples: int, **metrics) -> FitRes:
 
 def constant_model(strategy, value: float) -> list[np.ndarray]:
     """A model of the run's shape whose every entry is ``value``."""
-    from fedcond.federation.strategy import initial_weights
+    from fedcond.federation.server_method import initial_weights
 
     return [np.full_like(array, value) for array in initial_weights(strategy.inputs)]
 
@@ -74,14 +74,14 @@ def test_ifca_averages_by_choice_serves_the_chosen_model_and_scores_its_choices(
     values = {0: 1.0, 1: 3.0, 2: 10.0, 3: 30.0}
     results = [(pid, reply(constant_model(strategy, values[pid]), 1, **{CHOICE: choices[pid]})) for pid in values]
     strategy.combine(1, results)
-    assert strategy.tracker.ari == pytest.approx(1.0)
+    assert strategy.protocol.tracker.ari == pytest.approx(1.0)
     assert decoded(strategy.instruction(EVALUATE, 0, None, {})[0])[0].flat[0] == pytest.approx(2.0)  # model 1
     assert decoded(strategy.instruction(EVALUATE, 3, None, {})[0])[0].flat[0] == pytest.approx(20.0)  # model 0
     everything = decoded(strategy.instruction(FIT, 0, None, {})[0])
     assert len(everything) == 2 * len(constant_model(strategy, 0.0))  # training rounds send all K models
     mixed = strategy_for("ifca")
     mixed.combine(1, [(pid, reply(constant_model(mixed, 1.0), 1, **{CHOICE: pid % 2})) for pid in range(4)])
-    assert mixed.tracker.ari < 0.5  # choices across the true clusters
+    assert mixed.protocol.tracker.ari < 0.5  # choices across the true clusters
 
 
 def clustered_models(strategy, rng) -> dict[int, list[np.ndarray]]:
@@ -316,10 +316,10 @@ def test_a_gossip_newcomer_is_served_one_random_training_clients_model_each_roun
     strategy.models.update(1, models.items())
     served = {}
     for server_round in range(1, 9):
-        strategy.participation = type(strategy.participation)(server_round, ())
+        strategy.protocol.participation = type(strategy.protocol.participation)(server_round, ())
         served[server_round] = decoded(strategy.instruction(EVALUATE, 4, None, {})[0])[0].flat[0]
     assert set(served.values()) <= {0.0, 1.0, 2.0, 3.0} and len(set(served.values())) > 1  # drawn anew
-    strategy.participation = type(strategy.participation)(3, ())
+    strategy.protocol.participation = type(strategy.protocol.participation)(3, ())
     assert decoded(strategy.instruction(EVALUATE, 4, None, {})[0])[0].flat[0] == served[3]  # seeded by (seed, round)
 
 
@@ -355,7 +355,7 @@ def test_ifca_on_a_partition_without_clusters_records_no_ari():
                             options=(("ifca-models", 2),))  # fmt: skip
     model = constant_model(strategy, 0.0)
     strategy.groups(1, [(pid, reply(model, 10, **{CHOICE: pid % 2})) for pid in range(4)])
-    assert math.isnan(strategy.tracker.ari)
+    assert math.isnan(strategy.protocol.tracker.ari)
     clustered = strategy_for("ifca")  # digits E1 K=2 x 2: choices that match the true clusters
     clustered.groups(1, [(pid, reply(model, 10, **{CHOICE: pid // 2})) for pid in range(4)])
-    assert clustered.tracker.ari == 1.0
+    assert clustered.protocol.tracker.ari == 1.0

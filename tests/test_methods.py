@@ -112,9 +112,9 @@ def test_local_never_mixes_anything():
     assert any(not np.array_equal(a, b) for a, b in zip(get_weights(first), get_weights(second), strict=True))
     from fedcond.strategies.local import LocalStrategy
 
-    from fedcond.federation.strategy import FedcondStrategy
+    from fedcond.federation.server_method import ServerMethod
 
-    assert LocalStrategy.combine is FedcondStrategy.combine  # the server has nothing to combine
+    assert LocalStrategy.combine is ServerMethod.combine  # the server has nothing to combine
 
 
 def test_ifca_client_trains_and_reports_the_lowest_loss_model():

@@ -48,7 +48,7 @@ def test_a_method_module_missing_from_the_list_is_refused_naming_its_file(extra_
         ("SUMMARY = 'no declaration'\n", r"strategies/fedrep\.py: METHOD is missing, not Declaration"),
         (
             "from fedcond.federation.declaration import Declaration\nMETHOD = Declaration('x', object, None)\n",
-            r"strategies/fedrep\.py: METHOD's strategy <class 'object'> is no FedcondStrategy subclass",
+            r"strategies/fedrep\.py: METHOD's strategy <class 'object'> is no ServerMethod subclass",
         ),
         ("import not_a_package_anywhere\n", r"strategies/fedrep\.py cannot be imported: No module named"),
     ],

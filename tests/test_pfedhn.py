@@ -192,13 +192,14 @@ def test_each_clients_batch_norm_statistics_survive_a_checkpoint(tmp_path):
 
     from fedcond.config import RunConfig
     from fedcond.data.scenarios import scenario_for
-    from fedcond.federation.strategy import StrategyInputs
+    from fedcond.federation.server_method import StrategyInputs
+    from fedcond.federation.strategy import FedcondStrategy
     from tests.test_cifar import write_cifar10_folder
 
     write_cifar10_folder(tmp_path / "cifar10-jpeg")  # fedcond's CIFAR CNN has batch norm
     config = RunConfig(method="pfedhn", dataset="cifar10", clients_per_cluster=2, data_dir=str(tmp_path))
     inputs = StrategyInputs(config, 10, False, None, scenario=scenario_for(config))
-    first, second = PFedHNStrategy(inputs), PFedHNStrategy(inputs)
+    first, second = FedcondStrategy(PFedHNStrategy(inputs)).method, FedcondStrategy(PFedHNStrategy(inputs)).method
     sent = first.trainer.net.weights_for(1)
     returned = [array * 0.5 if array.dtype.kind == "f" else array for array in sent]
     first.trainer.step(1, sent, returned)

@@ -34,7 +34,8 @@ from fedcond.federation.client_dp import ServerSideClientDp
 from fedcond.federation.clipping_mod import client_dp_clipping_mod
 from fedcond.federation.messages import ERROR
 from fedcond.federation.methods import run_config
-from fedcond.federation.strategy import EMPTY, StrategyInputs
+from fedcond.federation.server_method import EMPTY, StrategyInputs
+from fedcond.federation.strategy import FedcondStrategy
 from fedcond.fingerprint import fingerprints as fp
 from fedcond.model.conditioning import MECHANISMS, conditions
 from fedcond.model.networks import build_model, build_run_model, get_weights
@@ -428,7 +429,7 @@ def test_client_level_dp_stops_a_round_that_lost_a_client_with_its_reason():
     # min-answered-fraction would let 3 of 4 go on; client-dp's noise is calibrated to all 4.
     config = run_config({"method": "fedavg", "num-clusters": 2, "clients-per-cluster": 2, "min-answered-fraction": 0.5})
     inputs = StrategyInputs(config, 10, False, None, scenario=scenario_for(config))
-    strategy = ServerSideClientDp(FedcondFedAvg(inputs), 1.0, 1.0, 4)
+    strategy = ServerSideClientDp(FedcondStrategy(FedcondFedAvg(inputs)), 1.0, 1.0, 4)
     manager = federation(two_by_two(p1="disk full"))
     strategy.initialize_parameters(manager)
     results, failures = fit_clients(strategy.configure_fit(1, EMPTY, manager), None, None, 1)

@@ -438,9 +438,9 @@ def test_compare_refuses_a_run_folder_another_process_is_running_in(tmp_path):
 def methods_with_server_state() -> list[str]:
     """Every registered method whose server holds more than the global model (it extends ``state``)."""
     from fedcond.federation.methods import registry
-    from fedcond.federation.strategy import FedcondStrategy
+    from fedcond.federation.server_method import ServerMethod
 
-    return [name for name, m in registry().items() if m.strategy and m.strategy.state is not FedcondStrategy.state]
+    return [name for name, m in registry().items() if m.strategy and m.strategy.state is not ServerMethod.state]
 
 
 def test_the_methods_whose_server_keeps_state_are_those_that_declare_it():
@@ -463,7 +463,8 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     from fedcond.data.scenarios import scenario_for
     from fedcond.federation.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
     from fedcond.federation.methods import get_method
-    from fedcond.federation.strategy import StrategyInputs, initial_weights
+    from fedcond.federation.server_method import StrategyInputs, initial_weights
+    from fedcond.federation.strategy import FedcondStrategy
 
     # CFL: thresholds under which round 1's random updates split the cluster, so that a split is restored.
     splitting = {"cfl-warmup-rounds": 0, "cfl-eps1": 1e6, "cfl-eps2": 0, "cfl-min-cluster-size": 1}
@@ -474,7 +475,7 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
                          **(splitting if method == "cfl" else {})}).resolved()  # fmt: skip
     strategy_class = get_method(method).strategy
     inputs = StrategyInputs(config, 10, get_method(method).conditioned, None, scenario=scenario_for(config))
-    before = strategy_class(inputs)
+    before = FedcondStrategy(strategy_class(inputs)).method
     if method == "descriptor-clustering":  # its exchange before round 1 (the clients' descriptors), given here
         before.place([np.array([0.0, 0.0]), np.array([0.1, 0.0]), np.array([5.0, 1.0]), np.array([5.1, 1.0])])
     rng = np.random.default_rng(0)
@@ -499,7 +500,7 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
     json.dumps(values)  # plain values only
     assert any(name != "global" for name in models)  # per-client or per-cluster models, by name
 
-    after = strategy_class(inputs)
+    after = FedcondStrategy(strategy_class(inputs)).method
     after.load_state(models, values)
     again_models, again_values = after.state()
     assert again_values == values and sorted(again_models) == sorted(models)

@@ -16,7 +16,8 @@ from fedcond.errors import FedcondError
 from fedcond.federation.messages import PAYLOAD_PARTS, TRAIN_LOSS, pack_parts, unpack_parts
 from fedcond.federation.methods import run_config
 from fedcond.federation.participation import FIT
-from fedcond.federation.strategy import StrategyInputs
+from fedcond.federation.server_method import StrategyInputs
+from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model.training import MomentumSGD
 from fedcond.tools.experiment import read_history
 from fedcond.tools.simulation import simulate
@@ -71,7 +72,8 @@ def test_step_weight_is_the_plain_step_count_without_momentum_and_more_with_it()
 
 def strategy(**settings: object) -> ScaffoldStrategy:
     config = run_config({"method": "scaffold", "num-clusters": 2, "clients-per-cluster": 2, **settings}).resolved()
-    return ScaffoldStrategy(StrategyInputs(config, 10, False, None, scenario=scenario_for(config)))
+    inputs = StrategyInputs(config, 10, False, None, scenario=scenario_for(config))
+    return FedcondStrategy(ScaffoldStrategy(inputs)).method
 
 
 def reply(parts: dict[str, list[np.ndarray]], samples: int) -> FitRes:

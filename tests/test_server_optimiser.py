@@ -17,7 +17,8 @@ from fedcond.errors import FedcondError
 from fedcond.federation.checks import check_run
 from fedcond.federation.messages import CHOICE, PAYLOAD_PARTS, TRAIN_LOSS, pack_parts
 from fedcond.federation.methods import get_method, run_config
-from fedcond.federation.strategy import StrategyInputs
+from fedcond.federation.server_method import StrategyInputs
+from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model.aggregation import weighted_average
 from fedcond.model.networks import build_model, build_run_model, trained_arrays
 from fedcond.model.server_optimiser import SERVER_MOMENTUM, ServerMomentum
@@ -74,7 +75,8 @@ def strategy_of(**settings):
     config = run_config({"method": "fedavg", **SMALL, **settings})
     check_run(config)
     method = get_method("fedavg")
-    strategy = method.strategy(StrategyInputs(config, 10, method.conditioned, None, scenario=scenario_for(config)))
+    inputs = StrategyInputs(config, 10, method.conditioned, None, scenario=scenario_for(config))
+    strategy = FedcondStrategy(method.strategy(inputs)).method
     return strategy
 
 
@@ -161,7 +163,8 @@ def method_strategy(method: str, folder: Path, **settings):
     chosen = get_method(method)
     config = run_config({"method": method, **SMALL, **method_test_settings(method, folder), **settings})
     check_run(config)
-    return chosen.strategy(StrategyInputs(config, 10, chosen.conditioned, None, scenario=scenario_for(config)))
+    inputs = StrategyInputs(config, 10, chosen.conditioned, None, scenario=scenario_for(config))
+    return FedcondStrategy(chosen.strategy(inputs)).method
 
 
 def near(model, trained, rng) -> list[np.ndarray]:
@@ -370,14 +373,14 @@ def test_oracle_with_momentum_resumed_after_round_2_equals_the_uninterrupted_run
                            "data-fraction": 0.5, "results-dir": str(tmp_path), "run-name": name})  # fmt: skip
 
     run_in_process(config("straight"))
-    configure_fit = OracleStrategy.configure_fit
+    start_round = OracleStrategy.start_round
 
-    def stopped_before_round_3(self, server_round, parameters, client_manager):
+    def stopped_before_round_3(self, server_round):
         if server_round == 3:
             raise RuntimeError("the machine went away")
-        return configure_fit(self, server_round, parameters, client_manager)
+        return start_round(self, server_round)
 
-    monkeypatch.setattr(OracleStrategy, "configure_fit", stopped_before_round_3)
+    monkeypatch.setattr(OracleStrategy, "start_round", stopped_before_round_3)
     with pytest.raises(RuntimeError, match="went away"):
         run_in_process(config("stopped"))
     monkeypatch.undo()

@@ -42,6 +42,7 @@ from fedcond.federation.participation import FIT
 from fedcond.federation.round_record import Failures, answered_replies
 from fedcond.federation.sampling import clients_per_round
 from fedcond.federation.secagg_workflow import SecureSum
+from fedcond.federation.server_method import ServerMethod
 from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model.networks import build_run_model
 from fedcond.model.server_optimiser import is_plain_fedavg
@@ -67,7 +68,7 @@ def client_dp_mode(config: RunConfig) -> str:
     return str(CLIENT_DP.of(config))
 
 
-def check_client_dp(config: RunConfig, strategy: type[FedcondStrategy] | None, eligible: Sequence[str]) -> None:
+def check_client_dp(config: RunConfig, strategy: type[ServerMethod] | None, eligible: Sequence[str]) -> None:
     """Refuse, before anything starts, client-level DP a method cannot have (``eligible``: the methods
     that can, named in the refusal)."""
     mode = client_dp_mode(config)

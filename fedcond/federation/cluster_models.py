@@ -12,13 +12,13 @@ from sklearn.metrics import adjusted_rand_score
 from fedcond.data.drift import cluster_at
 from fedcond.data.scenarios import drift_partners_of
 from fedcond.federation.participation import EVALUATE
-from fedcond.federation.strategy import FedcondStrategy, StrategyInputs
+from fedcond.federation.server_method import ServerMethod, StrategyInputs
 from fedcond.model.aggregation import Model, average_per_group
 from fedcond.model.networks import build_run_model, trained_arrays
 from fedcond.model.server_optimiser import PerModelMomentum
 
 
-class ClusterModels(FedcondStrategy):
+class ClusterModels(ServerMethod):
     """K models on the server; each client is assigned one, and each model averages its clients.
 
     A round needs at least one answering client per model (K), whatever ``min-answered-fraction``
@@ -55,7 +55,7 @@ class ClusterModels(FedcondStrategy):
         if not scenario_kind(self.inputs.config.scenario).clustered:
             return math.nan
         ari = float(adjusted_rand_score(truth, labels))
-        self.tracker.set_ari(ari)
+        self.protocol.tracker.set_ari(ari)
         return ari
 
     def model_of(self, partition_id: int) -> Parameters:

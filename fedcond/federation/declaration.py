@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedcond.federation.strategy import FedcondStrategy
+    from fedcond.federation.server_method import ServerMethod
 
 #: The kinds of newcomer rule (``Facts.newcomer_rule``): what a client that never trained is served.
 #: ``tests/test_method_rules.py`` checks each kind on hand-made models.
@@ -59,7 +59,7 @@ class Declaration:
     ``Option``s of its two classes."""
 
     summary: str
-    strategy: type[FedcondStrategy]
+    strategy: type[ServerMethod]
     facts: Facts
     competitor: bool = False
     #: The run-config settings under which the tests that run every method run this one, on top of

@@ -68,7 +68,7 @@ class PartitionProxy(ClientProxy):
         self.participation = participation
         self.stage = stage
         #: Where a fit reply goes as soon as it arrives (None when it failed); what it returns is what
-        #: the round loop keeps (``FedcondStrategy.fold_fit_reply``).
+        #: the round loop keeps (``fedcond.federation.round_record.FoldedReplies``).
         self.on_fit_reply: Callable[[int, FitRes | None], FitRes | None] | None = None
 
     def _recorded(self, call: Callable[[], object], timeout: float | None) -> object:

@@ -30,7 +30,7 @@ from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SERVER_OPTIMISER
 from fedcond.variants import VARIANTS, client_path, with_variant_settings
 
 if TYPE_CHECKING:
-    from fedcond.federation.strategy import FedcondStrategy
+    from fedcond.federation.server_method import ServerMethod
 
 
 @functools.cache
@@ -50,7 +50,7 @@ class Method:
 
     name: str
     summary: str
-    strategy: type[FedcondStrategy] | None
+    strategy: type[ServerMethod] | None
     #: "federated" (Flower rounds) or "pooled" (the paper's centralised protocol, ``fedcond.pooled``).
     protocol: str = "federated"
     #: A pooled reference's model takes the fingerprint (a federated method's client class says so).
@@ -94,7 +94,11 @@ class Method:
         Flower's in-memory ``context.state``: ``client-state-dir``."""
         own = tuple(option for part in (self.client, self.strategy) if part is not None for option in part.options)
         keeps = (CLIENT_STATE_DIR,) if self.state_lost_on_resume else ()
-        return own + keeps + (self.strategy.protocol_options if self.strategy is not None else ())
+        if self.strategy is None:
+            return own + keeps
+        from fedcond.federation.strategy import FedcondStrategy
+
+        return own + keeps + FedcondStrategy.protocol_options
 
     @property
     def state_lost_on_resume(self) -> str:
@@ -140,15 +144,15 @@ def method_module(module: str) -> ModuleType:
 
 def checked_declaration(module: str) -> Declaration:
     """The ``METHOD`` of ``strategies/<module>.py``, checked: a Declaration of a strategy class."""
-    from fedcond.federation.strategy import FedcondStrategy
+    from fedcond.federation.server_method import ServerMethod
 
     declaration = getattr(method_module(module), "METHOD", None)
     where = f"strategies/{module}.py"
     if not isinstance(declaration, Declaration):
         what = "missing" if declaration is None else f"a {type(declaration).__name__}"
         raise FedcondError(f"{where}: METHOD is {what}, not Declaration(...); every method module declares one")
-    if not (isinstance(declaration.strategy, type) and issubclass(declaration.strategy, FedcondStrategy)):
-        raise FedcondError(f"{where}: METHOD's strategy {declaration.strategy!r} is no FedcondStrategy subclass")
+    if not (isinstance(declaration.strategy, type) and issubclass(declaration.strategy, ServerMethod)):
+        raise FedcondError(f"{where}: METHOD's strategy {declaration.strategy!r} is no ServerMethod subclass")
     if not isinstance(declaration.facts, Facts):
         raise FedcondError(f"{where}: METHOD's facts are a {type(declaration.facts).__name__}, not Facts(...)")
     return declaration
@@ -295,7 +299,7 @@ def global_model_methods() -> list[str]:
     ]
 
 
-def federated(method: Method) -> tuple[type[Any], type[FedcondStrategy]]:
+def federated(method: Method) -> tuple[type[Any], type[ServerMethod]]:
     """The method's client and strategy classes; Flower runs only federated methods."""
     if method.client_path is None or method.strategy is None:
         raise not_a_federation(method.name)

@@ -8,7 +8,7 @@ from typing import Any
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fedcond.federation.round_record import parameters_bytes
-from fedcond.federation.strategy import FedcondStrategy, StrategyInputs
+from fedcond.federation.server_method import ServerMethod, StrategyInputs
 from fedcond.model.aggregation import (
     Model,
 )
@@ -16,7 +16,7 @@ from fedcond.model.networks import build_run_model, get_weights, trained_arrays
 from fedcond.model.store import CLIENT_MODELS_MEMORY_MB, SPILL_FOLDER, SpillingModels
 
 
-class PeerToPeer(FedcondStrategy):
+class PeerToPeer(ServerMethod):
     """Every client owns a model, held here only to simulate the network; each client receives
     its own. After local training, ``mix`` lets the clients that answered exchange models; a client
     that did not answer is absent from the exchange and keeps its model. Only those peer exchanges
@@ -73,7 +73,7 @@ class PeerToPeer(FedcondStrategy):
         self.models.update(
             server_round, [(partition, model) for (partition, _), model in zip(results, mixed, strict=True)]
         )
-        self.tracker.peer_exchange(transfers * self.model_bytes)
+        self.protocol.tracker.peer_exchange(transfers * self.model_bytes)
         return None
 
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:

@@ -45,7 +45,7 @@ class CheckpointingServer(Server):
         # Fold each fit reply into the round's mean as it arrives, unless something needs every reply's
         # own model: Flower's DP wrappers clip or reweigh each one, and SecAgg+ has no plain replies.
         strategy.fold_fit_replies = (
-            strategy.combines_the_mean and self.served is strategy and not strategy.secure.model_updates
+            strategy.method.combines_the_mean and self.served is strategy and not strategy.secure.model_updates
         )
         self.recorder = recorder
         self.rounds_before = rounds_before
@@ -115,7 +115,7 @@ class CheckpointingServer(Server):
             raise FedcondError("secure-aggregation=secaggplus cannot run with client-dp=server-side")
         strategy = self.fedcond_strategy
         instructions = self.served.configure_fit(number, self.parameters, self._client_manager)
-        outcome = strategy.secure_sum(
+        outcome = strategy.secure_rounds.sum(
             instructions, number, self._client_manager, "secure aggregation",  # type: ignore[arg-type]
             (strategy.secure.clipping_range, strategy.secure.quantization_range),
             float(strategy.inputs.largest_training_set),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
-from flwr.common import EvaluateRes, FitRes, Parameters
+from flwr.common import Code, EvaluateRes, FitRes, Parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
 from fedcond.config import Option
@@ -16,15 +17,21 @@ from fedcond.federation.membership import PartitionProxy
 from fedcond.federation.messages import (
     ACCURACY,
     ADAPTED_ACCURACY,
+    CLASS_CORRECT,
+    CLASS_COUNT,
     EPSILON,
     ERROR,
+    INT64,
     TRAIN_LOSS,
     VALIDATION_ACCURACY,
     VALIDATION_EXAMPLES,
+    array_from_bytes,
 )
 from fedcond.federation.participation import Failure, RoundParticipation
+from fedcond.model.aggregation import StreamingAverage
+from fedcond.model.training import check_not_diverged
 from fedcond.records.history import RoundRecord, RunRecorder
-from fedcond.records.metrics import ClientEvaluation, Spread, summarise_evaluations, weighted_mean
+from fedcond.records.metrics import ClientEvaluation, Spread, class_accuracy, summarise_evaluations, weighted_mean
 
 Failures = list[tuple[ClientProxy, FitRes] | tuple[ClientProxy, EvaluateRes] | BaseException]
 Reply = TypeVar("Reply", FitRes, EvaluateRes)
@@ -36,6 +43,8 @@ MIN_ANSWERED_FRACTION = Option(
     minimum=0,
     maximum=1,
 )
+#: The tensor type of a fit reply whose model went into the round's running average on arrival.
+FOLDED = "fedcond.folded"
 
 
 def parameters_bytes(parameters: Parameters) -> int:
@@ -250,6 +259,21 @@ class RoundTracker:
             (float(res.metrics[ACCURACY]), res.num_examples) for pid, res in results if pid in self.drifting
         )
 
+    def report_failures(self, failures: list[Failure]) -> None:
+        """The round's new failures, into ``run.json`` (and printed when verbose)."""
+        if failures and self.recorder is not None:
+            self.recorder.add_events("failures", [failure.as_json() for failure in failures])
+        if self.verbose:
+            for failure in failures:
+                print(f"fedcond: {failure.line()}", flush=True)
+
+    def check_not_diverged(self, server_round: int, num_classes: int, fix: str) -> None:
+        """Stop the run when the round's mean training loss exploded (``fedcond.model.training``)."""
+        # Before round 1's row, and without a recorder, the round's own loss is the first.
+        recorder = self.recorder
+        first = recorder.first_train_loss if recorder is not None and recorder.records else self.train_loss
+        check_not_diverged(server_round, self.train_loss, num_classes, first, fix)
+
     def record(self, record: RoundRecord) -> None:
         if self.recorder is not None:
             self.recorder.add(record)
@@ -266,3 +290,56 @@ class RoundTracker:
             )
             for partition, res in results
         ]
+
+
+class FoldedReplies:
+    """The round's running sample-weighted mean of the fit replies' models, each folded in as it
+    arrives (where nothing needs each reply's own model: the round then keeps one running sum
+    instead of every client's model, 1,000 x 1.7 MB at 1,000 MNIST clients)."""
+
+    def __init__(self, tracker: RoundTracker) -> None:
+        self.tracker = tracker
+        #: The round's running mean (None: this round folds nothing).
+        self.stream: StreamingAverage | None = None
+        self._lock = threading.Lock()
+
+    def start(self, expected: dict[int, float] | None) -> None:
+        """A new round: the clients whose replies will be folded in and their weights (None: none)."""
+        self.stream = StreamingAverage(expected) if expected is not None else None
+
+    def fold(self, partition_id: int, res: FitRes | None) -> FitRes | None:
+        """Called as each fit reply arrives (None: the instruction failed): its model goes into the
+        round's running average and the reply is passed on without it (its bytes already counted)."""
+        with self._lock:
+            stream = self.stream
+            if stream is None:
+                return res
+            if res is None or res.status.code != Code.OK or ERROR in res.metrics or not res.parameters.tensors:
+                stream.withdraw(partition_id)
+                return res
+            self.tracker.bytes_up += parameters_bytes(res.parameters)
+            stream.add(partition_id, parameters_to_ndarrays(res.parameters), res.num_examples)
+            return FitRes(res.status, Parameters(tensors=[], tensor_type=FOLDED), res.num_examples, res.metrics)
+
+
+def record_class_accuracy(
+    recorder: RunRecorder | None,
+    class_names: Sequence[str],
+    participating: Iterable[tuple[int, EvaluateRes]],
+    held_out: Iterable[tuple[int, EvaluateRes]],
+) -> None:
+    """With ``per-class-accuracy``, the final round's accuracy per class over the participants' and
+    over the newcomers' test sets, into ``run.json`` (``final_class_accuracy``)."""
+    if recorder is None:
+        return
+    record = {
+        group: class_accuracy(
+            ((array_from_bytes(res.metrics[CLASS_CORRECT], CLASS_CORRECT, INT64),
+              array_from_bytes(res.metrics[CLASS_COUNT], CLASS_COUNT, INT64))
+             for _, res in replies if CLASS_COUNT in res.metrics),
+            class_names,
+        )
+        for group, replies in (("participants", participating), ("newcomers", held_out))
+    }  # fmt: skip
+    if any(record.values()):
+        recorder.note("final_class_accuracy", record)

@@ -83,3 +83,42 @@ def check_sampling(config: RunConfig, secure_min_clients: int | None) -> None:
             f"clients, but clients-per-round={per_round} asks fewer; raise clients-per-round or lower "
             "secagg-min-clients"
         )
+
+
+class RoundSchedule:
+    """Whom a round asks: its sample of training clients (``clients-per-round``), the training clients
+    that evaluate its model by an evaluate message (``evaluate-every``, evaluate-in-fit), and the
+    held-out clients, who evaluate every round and never train."""
+
+    def __init__(self, config: RunConfig, evaluates_in_fit: bool) -> None:
+        self.config = config
+        #: The training clients evaluate each round's model in the next round's fit (one message a round).
+        self.evaluates_in_fit = evaluates_in_fit
+        self.training_partitions = range(config.num_training_clients)
+        self.held_out = range(config.num_training_clients, config.num_clients)
+        #: This round's training clients (every one before round 1).
+        self.sampled: list[int] = list(self.training_partitions)
+
+    def sample(self, server_round: int) -> list[int]:
+        """The round's sample of training clients (every one without clients-per-round), whatever each
+        did before."""
+        config = self.config
+        self.sampled = sample_partitions(config.seed, server_round, self.training_partitions, clients_per_round(config))
+        return self.sampled
+
+    def defers_evaluation(self, server_round: int) -> bool:
+        """Whether the training clients evaluate round ``server_round``'s model in the next round's fit
+        (those the next round samples), rather than by evaluate messages after this round."""
+        return self.evaluates_in_fit and not scheduled_for_everyone(self.config, server_round)
+
+    def evaluated_in(self, server_round: int) -> list[int]:
+        """The training clients that evaluate round ``server_round``'s model by an evaluate message."""
+        if self.defers_evaluation(server_round):
+            return []
+        if evaluates_everyone(self.config, server_round):
+            return list(self.training_partitions)
+        return self.sampled
+
+    def asked_in(self, server_round: int) -> list[int]:
+        """Every client a round asks anything: its sample, the evaluating clients, the held-out ones."""
+        return sorted({*self.sampled, *self.evaluated_in(server_round), *self.held_out})

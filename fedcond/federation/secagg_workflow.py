@@ -50,11 +50,13 @@ from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 
 from fedcond import stopping
-from fedcond.federation.exchange import classify_failure
+from fedcond.config import RunConfig
+from fedcond.errors import FedcondError
+from fedcond.federation.exchange import classify_failure, message_timeout
 from fedcond.federation.membership import PartitionProxy
 from fedcond.federation.messages import EPSILON
-from fedcond.federation.participation import FAILED, TIMED_OUT, RoundParticipation
-from fedcond.privacy.secure_aggregation import MODULUS
+from fedcond.federation.participation import FAILED, TIMED_OUT, Failure, RoundParticipation
+from fedcond.privacy.secure_aggregation import MODULUS, SecureAggregation
 
 
 @dataclass
@@ -159,6 +161,53 @@ def workflow_for(
         num_shares=float(num_shares), reconstruction_threshold=float(threshold), max_weight=max_weight,
         clipping_range=clipping_range, quantization_range=quantization_range, modulus_range=MODULUS, timeout=timeout,
     )  # fmt: skip
+
+
+class SecureRounds:
+    """This run's secure sums through Flower's SecAgg+ (``run_secure_sum``) with its protocol values
+    (``secagg-*`` settings), and the one-line stop when a sum came out too small."""
+
+    def __init__(self, settings: SecureAggregation, config: RunConfig, grid: Grid | None) -> None:
+        self.settings = settings
+        self.config = config
+        self.grid = grid
+
+    def sum(
+        self,
+        instructions: list[tuple[PartitionProxy, FitIns]],
+        server_round: int,
+        client_manager: ClientManager,
+        purpose: str,
+        value_range: tuple[float, int],
+        max_weight: float,
+    ) -> SecureSum:
+        """One sum: every value clipped to +-``value_range[0]`` and quantised to ``value_range[1]``
+        levels, weights (training samples) up to ``max_weight``."""
+        settings = self.settings
+        workflow = workflow_for(
+            settings.num_shares, settings.reconstruction_threshold, *value_range, max_weight,
+            message_timeout(self.config),
+        )  # fmt: skip
+        if self.grid is None:
+            raise FedcondError(f"{purpose} needs the run's grid; the ServerApp passes it")
+        return run_secure_sum(self.grid, instructions, workflow, server_round, client_manager)  # type: ignore[arg-type]
+
+    def check_outcome(self, outcome: SecureSum, what: str, failures: list[Failure]) -> None:
+        """Stop the run (one line) when SecAgg+ gave no sum, or one over fewer than ``secagg-min-clients``."""
+        contributors, asked = len(outcome.contributors), len(outcome.contributors) + len(outcome.dropped)
+        first = f"; first: {failures[0].line()}" if failures else ""
+        threshold = self.settings.reconstruction_threshold
+        if outcome.mean is None:
+            raise FedcondError(
+                f"{what}: SecAgg+ stopped with {contributors} of {asked} clients, too few for each to keep "
+                f"secagg-reconstruction-threshold={threshold:g} of its neighbours{first}; "
+                "fix those clients or lower secagg-reconstruction-threshold"
+            )
+        if contributors < self.settings.min_clients:
+            raise FedcondError(
+                f"{what}: only {contributors} of {asked} clients are in the secure sum, fewer than "
+                f"secagg-min-clients={self.settings.min_clients}{first}; fix those clients or lower secagg-min-clients"
+            )
 
 
 class _Instructions(Strategy):

@@ -31,7 +31,8 @@ from fedcond.federation.checks import check_run
 from fedcond.federation.exchange import message_timeout
 from fedcond.federation.methods import federated, run_config
 from fedcond.federation.round_loop import CheckpointingServer
-from fedcond.federation.strategy import FedcondStrategy, StrategyInputs
+from fedcond.federation.server_method import StrategyInputs
+from fedcond.federation.strategy import FedcondStrategy
 from fedcond.fingerprint.encoder import load_encoder
 from fedcond.model.store import CLIENT_STATE_DIR, remove_run_state
 from fedcond.privacy import dp as privacy
@@ -108,7 +109,7 @@ def served_run(
     rounds_before = checkpoint.round if checkpoint else 0
     with failures_recorded(recorder):
         inputs = StrategyInputs(config, scenario.num_classes, method.conditioned, recorder, checkpoint, scenario, grid)
-        strategy = strategy_class(inputs)
+        strategy = FedcondStrategy(strategy_class(inputs))
         # Flower's DP wrapper around the strategy, when client-dp asks for one.
         server = CheckpointingServer(strategy, recorder, rounds_before, client_dp.with_client_dp(strategy, config))
         yield server, strategy, config.num_server_rounds - rounds_before

@@ -68,7 +68,7 @@ class InProcessNode(ClientProxy):
 
 
 def plain_sum(instructions: list[tuple[PartitionProxy, FitIns]], *_: object, **__: object) -> SecureSum:
-    """What SecAgg+'s sum gives the strategy (``FedcondStrategy.secure_sum``), computed in the clear: the
+    """What SecAgg+'s sum gives the strategy (``SecureRounds.sum``), computed in the clear: the
     weighted mean of every instructed client's reply. The fingerprint statistics are exact digits
     (``fedcond.fingerprint.statistics_encoding``), so their mean is SecAgg+'s."""
     replies = [(proxy.partition_id, proxy.fit(ins, None, None)) for proxy, ins in instructions]
@@ -92,7 +92,7 @@ def run_in_process(config: RunConfig) -> tuple[RunRecorder, Counter[str]]:
     messages: Counter[str] = Counter()
     resolved = config.resolved()
     with served_run(config, None) as (server, strategy, rounds_left):
-        strategy.secure_sum = plain_sum  # type: ignore[method-assign]
+        strategy.secure_rounds.sum = plain_sum  # type: ignore[method-assign]
         server.set_max_workers(1)
         for partition in range(resolved.num_clients):
             server.client_manager().register(InProcessNode(resolved, partition, messages))
