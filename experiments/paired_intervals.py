@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedcond.tools.claims import Side, final_by_seed
 from fedcond.tools.experiment import column_name, load_experiment
 from fedcond.tools.report import confidence_half_width, paired_verdict
+from tools.claims import Side, final_by_seed
 
 
 def final_values(folder: Path, column: str) -> dict[tuple[str, str], dict[str, float]]:

@@ -50,7 +50,7 @@ def setting(
 ) -> Any:
     """A ``RunConfig`` field declared with its help text and topic: the settings table
     (docs/settings.md) and ``[tool.flwr.app.config]`` are generated from these and the ``Option``s
-    (``fedcond settings``).
+    (``fedcond settings`` lists them; a checkout's ``python -m tools.docs`` writes both).
 
     ``before_it_existed``: the value a run recorded without this key ran at, when that is not what
     the default now resolves to (a run made before ``channels-last`` existed ran in the default

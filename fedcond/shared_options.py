@@ -18,7 +18,7 @@ from fedcond.records.metrics import PER_CLASS_ACCURACY
 @dataclass(frozen=True)
 class SharedOptions:
     """Settings every federated method has (or the run itself has); ``topic`` is their heading in
-    docs/settings.md (fedcond.tools.settings)."""
+    docs/settings.md (fedcond.tools.settings, written by a checkout's tools/docs.py)."""
 
     topic: str
     owner: str

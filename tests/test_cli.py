@@ -34,6 +34,26 @@ def test_bad_input_gives_one_line_and_exit_code_2(capsys, settings, message):
     assert err.count("\n") == 1 and err.startswith("fedcond: error:") and message in err
 
 
+@pytest.mark.parametrize(
+    ("words", "command"),
+    [
+        (["settings", "--write"], "python -m tools.docs"),
+        (["reproduction", "results", "--out", "R.md", "--readme", "README.md"], "python -m tools.reproduction"),
+        (["reproduction", "results", "--out", "R.md", "--readme"], "python -m tools.reproduction"),
+        (["reproduction", "results", "--claims", "paper/claims.toml", "--out", "R.md"], "python -m tools.reproduction"),
+    ],
+)
+def test_an_option_that_moved_to_the_checkouts_tools_names_the_command_that_has_it(tmp_path, monkeypatch, capsys,
+                                                                                   words, command):  # fmt: skip
+    """The record tooling left the installed command (tools/, run from a checkout): the old options get
+    one line naming the new command, not argparse's usage, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    assert main(words) == 2
+    printed = capsys.readouterr()
+    assert printed.err.count("\n") == 1 and printed.err.startswith("fedcond: error:") and command in printed.err
+    assert not printed.out and list(tmp_path.iterdir()) == []
+
+
 def test_missing_and_corrupt_data_files_are_reported_before_training(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["run", "dataset=mnist", f"data-dir={tmp_path / 'empty'}"]) == 2

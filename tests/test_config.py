@@ -135,18 +135,19 @@ def test_held_out_clients_count_as_nodes_and_are_refused_where_meaningless(monke
 
 def test_the_pyproject_block_and_the_settings_page_are_generated_from_the_declarations():
     """Every setting is declared once (a RunConfig field or an Option); Flower's block in pyproject.toml
-    and docs/settings.md are what ``fedcond settings --write`` makes of those declarations."""
+    and docs/settings.md are what ``python -m tools.docs`` makes of those declarations."""
     from pathlib import Path
 
-    from fedcond.tools.method_docs import regenerated
-    from fedcond.tools.settings import pyproject_block, replace_block, settings, settings_markdown
+    from fedcond.tools.settings import settings
+    from tools.docs import pyproject_block, replace_block, settings_markdown
+    from tools.method_docs import regenerated
 
     root = Path(__file__).resolve().parents[1]
     pyproject = (root / "pyproject.toml").read_text()
-    assert replace_block(pyproject) == pyproject, "run fedcond settings --write"
-    assert (root / "docs" / "settings.md").read_text() == settings_markdown(), "run fedcond settings --write"
+    assert replace_block(pyproject) == pyproject, "run python -m tools.docs"
+    assert (root / "docs" / "settings.md").read_text() == settings_markdown(), "run python -m tools.docs"
     for path, text in regenerated(root).items():  # the method tables, from the methods' Facts
-        assert path.read_text() == text, f"{path.name}: run fedcond settings --write"
+        assert path.read_text() == text, f"{path.name}: run python -m tools.docs"
     keys = [row.key for row in settings()]
     assert len(keys) == len(set(keys)) and set(keys) == set(default_config())
     assert set(keys) == set(RunConfig().to_mapping()) - {"options"} | {o.key for o in declared_options()}

@@ -4,10 +4,10 @@ Commands are read from fenced code blocks and inline code of the Markdown files,
 the TOML files. Those that would train run with ``--dry-run`` (every setting checked, the plan
 printed, nothing started, nothing written); the rest run for real in a copy of ``experiments/``: ``list``,
 ``export-partitions`` (digits), ``report`` of a committed results folder (whose regenerated tables
-must equal the committed ones) and ``reproduction`` (whose output must equal the committed
-``REPRODUCTION.md`` byte for byte). A ``report`` of a folder a documented ``compare`` or ``sweep``
-would write first is checked against that command. Templates (``key=value ...``, ``<run folder>``)
-are not commands.
+must equal the committed ones). The checkout's record tooling (tools/, not installed) shown as
+``python -m tools.reproduction ...`` runs too: its output must equal the committed ``REPRODUCTION.md``
+and README byte for byte. A ``report`` of a folder a documented ``compare`` or ``sweep`` would write
+first is checked against that command. Templates (``key=value ...``, ``<run folder>``) are not commands.
 """
 
 from __future__ import annotations
@@ -20,13 +20,28 @@ from pathlib import Path
 import pytest
 
 from fedcond.tools.cli import main
+from tools import reproduction
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBCOMMANDS = (
-    "run", "compare", "sweep", "report", "reproduction", "list", "settings", "deploy-local", "export-partitions",
-)  # fmt: skip
+SUBCOMMANDS = ("run", "compare", "sweep", "report", "list", "settings", "deploy-local", "export-partitions")
+#: The checkout's tools (``python -m tools.<name> ...``) whose documented commands run, and their mains.
+TOOLS = {"tools.reproduction": reproduction.main}
 TRAINS = ("run", "compare", "sweep", "deploy-local")
 TEMPLATE = re.compile(r"<[^>]*>|\.\.\.|key=value|KEY=VALUE")
+#: How a documented command begins: the installed command, or a module of the checkout's tools.
+PROGRAMS = ("fedcond ", "python -m tools.")
+
+
+def kind_of(command: str) -> str:
+    """A fedcond command's subcommand (``report``), or the tools module it runs (``tools.reproduction``)."""
+    words = command.split()
+    return words[2] if command.startswith("python -m ") else words[1]
+
+
+def arguments_of(command: str) -> list[str]:
+    """The words its main reads: a subcommand's, with the subcommand first; a tools module's."""
+    words = shlex.split(command)
+    return words[3:] if command.startswith("python -m ") else words[1:]
 
 
 def documents() -> list[Path]:
@@ -38,14 +53,15 @@ def documents() -> list[Path]:
 
 
 def _commands_in_lines(lines: list[str]) -> list[str]:
-    """``fedcond ...`` lines, backslash continuations joined, trailing ``# comments`` dropped."""
+    """``fedcond ...`` and ``python -m tools....`` lines, backslash continuations joined, trailing
+    ``# comments`` dropped."""
     commands, pending = [], ""
     for raw in lines:
         line = raw.strip()
         if pending:
             line = pending + " " + line
             pending = ""
-        elif not line.startswith("fedcond "):
+        elif not line.startswith(PROGRAMS):
             continue
         if line.endswith("\\"):
             pending = line[:-1].strip()
@@ -62,10 +78,11 @@ def commands_of(path: Path) -> list[str]:
     blocks = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.DOTALL)
     found = [command for block in blocks for command in _commands_in_lines(block.splitlines())]
     outside = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
-    for span in re.findall(r"`(fedcond [^`]+)`", outside.replace("\n", " ")):
-        words = span.split()
-        # "`fedcond report`" names a command; only spans with their arguments are commands to run.
-        if len(words) > 2 or words[1] in ("run", "list", "settings"):
+    for span in re.findall(r"`((?:fedcond |python -m tools\.)[^`]+)`", outside.replace("\n", " ")):
+        # "`fedcond report`" and "`python -m tools.docs`" name a command; only spans with their
+        # arguments are commands to run.
+        program = 3 if span.startswith("python -m ") else 2
+        if len(span.split()) > program or kind_of(span) in ("run", "list", "settings"):
             found.append(span)
     return found
 
@@ -74,8 +91,7 @@ def documented() -> list[tuple[str, str]]:
     pairs = []
     for path in documents():
         for command in commands_of(path):
-            words = command.split()
-            if len(words) > 1 and words[1] in SUBCOMMANDS and not TEMPLATE.search(command):
+            if len(command.split()) > 1 and kind_of(command) in (*SUBCOMMANDS, *TOOLS) and not TEMPLATE.search(command):
                 pairs.append((str(path.relative_to(ROOT)), command))
     return pairs
 
@@ -84,8 +100,8 @@ DOCUMENTED = documented()
 
 
 def test_the_docs_show_commands_of_every_kind():
-    kinds = {command.split()[1] for _, command in DOCUMENTED}
-    assert kinds == set(SUBCOMMANDS), kinds
+    kinds = {kind_of(command) for _, command in DOCUMENTED}
+    assert kinds == {*SUBCOMMANDS, *TOOLS}, kinds
 
 
 def _option(words: list[str], name: str) -> str | None:
@@ -94,7 +110,7 @@ def _option(words: list[str], name: str) -> str | None:
 
 def produced_by_a_documented_command(document: str, folder: str) -> bool:
     return any(
-        where == document and command.split()[1] in ("compare", "sweep") and _option(command.split(), "--out") == folder
+        where == document and kind_of(command) in ("compare", "sweep") and _option(command.split(), "--out") == folder
         for where, command in DOCUMENTED
     )
 
@@ -106,7 +122,7 @@ RUN_STATE = ("checkpoint.pt", "*.log")
 #: Commands that write into the checkout (a report's tables, a reproduction, exported partitions): each
 #: gets a copy of its own. The others read only, and share one copy per test process: 1,500 files copied
 #: and removed again for each of 150 commands cost minutes and GBs of the suite's temporary folder.
-WRITES = ("report", "reproduction", "export-partitions")
+WRITES = ("report", "export-partitions", *TOOLS)
 
 
 def _copy_the_checkout_into(folder: Path) -> Path:
@@ -128,7 +144,7 @@ def shared_copy(tmp_path_factory) -> Path:
 
 
 def _where_it_runs(command: str, shared_copy: Path, tmp_path: Path) -> Path:
-    return _copy_the_checkout_into(tmp_path) if shlex.split(command)[1] in WRITES else shared_copy
+    return _copy_the_checkout_into(tmp_path) if kind_of(command) in WRITES else shared_copy
 
 
 @pytest.mark.parametrize(("document", "command"), DOCUMENTED, ids=[f"{d}: {c}" for d, c in DOCUMENTED])
@@ -138,12 +154,10 @@ def test_a_documented_command_runs_as_written(document, command, shared_copy, tm
     # A Flower home of its own: `fedcond stop-superlink` must not end the user's local SuperLink.
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
     before = _state_of(checkout)
-    words = shlex.split(command)[1:]
-    subcommand = words[0]
+    words = arguments_of(command)
+    subcommand = kind_of(command)
     if subcommand in TRAINS:
         words.append("--dry-run")
-    elif subcommand == "settings" and "--write" in words:
-        words.remove("--write")  # it would write the checkout's files: test_config keeps them generated
     elif subcommand == "export-partitions":
         words[words.index("--out") + 1] = str(checkout / "partitions")
     elif subcommand == "report":
@@ -151,7 +165,7 @@ def test_a_documented_command_runs_as_written(document, command, shared_copy, tm
         if not Path(folder).is_dir():
             assert produced_by_a_documented_command(document, folder), f"{folder} is neither committed nor written"
             return
-    status = main(words)
+    status = TOOLS[subcommand](words) if subcommand in TOOLS else main(words)
     printed = capsys.readouterr()
     assert status == 0, printed.err
     if subcommand not in WRITES:  # a dry run, a list, the settings: nothing written where they ran
@@ -161,7 +175,7 @@ def test_a_documented_command_runs_as_written(document, command, shared_copy, tm
             committed = ROOT / words[1] / name
             if committed.is_file():
                 assert (Path(words[1]) / name).read_text() == committed.read_text(), f"{words[1]}/{name} is stale"
-    if subcommand == "reproduction":
+    if subcommand == "tools.reproduction":
         out = words[words.index("--out") + 1]
         written = [out] + [words[words.index("--readme") + 1]] * ("--readme" in words)
         for path in written:

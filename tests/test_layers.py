@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("fedcond", "clients", "strategies")
+#: What the wheel installs (fedcond, the methods' folders inside it) and the checkout's record tooling.
+INSTALLED = ("fedcond", "clients", "strategies")
+PACKAGES = (*INSTALLED, "tools")
 
 
 #: The methods' folders: top-level in the checkout, imported as fedcond.clients and fedcond.strategies.
@@ -103,6 +105,35 @@ def test_no_import_circle_between_the_projects_modules():
         if state[name] == 0:
             visit(name, [name])
     assert not circles, circles
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module name ``path`` imports (``import``, absolute ``from``), and every text it could hand
+    ``importlib.import_module`` or ``__import__`` that names a module of the checkout's tools/."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.split(".")[0] == "tools":
+            found.add(node.value)
+    return found
+
+
+def test_nothing_installed_imports_the_checkouts_tools():
+    """tools/ (claims, prose numbers, generated docs) runs from a checkout and is never installed: no
+    module of fedcond, or of the methods' folders installed in it, imports it, so an installed fedcond
+    never reaches for a package it does not have. tools/ imports fedcond."""
+    offending = {
+        path.relative_to(ROOT).as_posix(): sorted(
+            name for name in imported_names(path) if name.split(".")[0] == "tools"
+        )
+        for package in INSTALLED
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+    assert {path: names for path, names in offending.items() if names} == {}
+    assert any(name.startswith("fedcond.") for name in imported_names(ROOT / "tools" / "claims.py"))
 
 
 def test_the_layers_point_one_way():

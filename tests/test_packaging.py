@@ -15,6 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedcond", "clients", "strategies")
+#: The checkout's record tooling (claims, prose numbers, generated docs): in the build's source, as in
+#: the checkout, and never in the wheel.
+NOT_INSTALLED = ("tools",)
 #: Where each folder of the checkout lies in the wheel: the methods' folders inside fedcond.
 INSTALLED_AS = {"fedcond": "fedcond", "clients": "fedcond/clients", "strategies": "fedcond/strategies"}
 #: The portals that lead a checkout's fedcond.clients and fedcond.strategies to the top-level folders.
@@ -34,7 +37,7 @@ def test_a_built_wheel_holds_and_imports_every_module(tmp_path):
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, source / name)
-    for package in PACKAGES:
+    for package in (*PACKAGES, *NOT_INSTALLED):
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp_path / "dist"
     subprocess.run(
@@ -49,6 +52,12 @@ def test_a_built_wheel_holds_and_imports_every_module(tmp_path):
     modules = {installed_path(path) for path in checkout - PORTALS}
     listed = set(zipfile.ZipFile(wheel).namelist())
     assert modules - listed == set()
+    # No record tooling of this repository: no tools package, and none of its modules (the claims, the
+    # prose-number checks, the method-doc generator) anywhere inside fedcond either.
+    record_tooling = {path.name for path in (ROOT / "tools").glob("*.py")} - {"__init__.py"}
+    assert {"claims.py", "prose_numbers.py", "method_docs.py"} <= record_tooling
+    assert sorted(name for name in listed if name.split("/")[0] in NOT_INSTALLED) == []
+    assert sorted(name for name in listed if name.rsplit("/", 1)[-1] in record_tooling) == []
     # One top-level package: no `clients` or `strategies` beside a user's own packages.
     assert {name.split("/")[0] for name in listed} == {"fedcond", "fedcond-0.1.0.dist-info"}
     # The wheel's fedcond.strategies is the methods' folder itself, not the checkout's portal.

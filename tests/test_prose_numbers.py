@@ -1,4 +1,4 @@
-"""Numbers in hand-written prose that cite their runs hold (``fedcond/tools/prose_numbers.py``)."""
+"""Numbers in hand-written prose that cite their runs hold (``tools/prose_numbers.py``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fedcond.tools.prose_numbers import problems
+from tools.prose_numbers import problems
 
 ROOT = Path(__file__).resolve().parents[1]
 PROSE = sorted([ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("experiments/*.md")])
@@ -146,7 +146,7 @@ dac parameters: 1,115,555
 
 
 def test_suggest_finds_the_runs_that_give_each_number_of_an_uncited_text(tmp_path):
-    from fedcond.tools.prose_numbers import suggest
+    from tools.prose_numbers import suggest
 
     path = write(tmp_path, "Initialised at random 0.8413, at zero 0.8408; the paper says 0.9999.\n")
     lines = suggest(path, 1, ROOT / "experiments/results/e4b-conditioning", {"configuration": "C=2"})
@@ -157,7 +157,7 @@ def test_suggest_finds_the_runs_that_give_each_number_of_an_uncited_text(tmp_pat
 def test_no_text_quotes_a_number_it_does_not_cite():
     """Every text of the README, docs and notes that quotes a number of three or more decimals cites
     its runs or says it was measured outside the committed results."""
-    from fedcond.tools.prose_numbers import uncited
+    from tools.prose_numbers import uncited
 
     found = [(path, line, numbers) for path in PROSE if path.name != "REPRODUCTION.md"
              for line, numbers in uncited(path, ROOT)]  # fmt: skip
@@ -166,7 +166,7 @@ def test_no_text_quotes_a_number_it_does_not_cite():
 
 
 def test_an_uncited_text_is_found_and_a_cited_or_outside_one_is_not(tmp_path):
-    from fedcond.tools.prose_numbers import uncited
+    from tools.prose_numbers import uncited
 
     path = write(tmp_path, "Ends at 0.8481.\n\nA run outside: 0.9123.\n<!-- outside: python x.py -->\n\n" + BLOCK)
     assert uncited(path, ROOT) == [(1, ["0.8481"])]

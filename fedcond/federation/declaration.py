@@ -23,7 +23,7 @@ NEWCOMER_RULES = (
 @dataclass(frozen=True)
 class Facts:
     """A federated method in words, declared once: the README's method table and the newcomer and
-    drift tables of docs/newcomers.md are generated from these (``fedcond settings --write``)."""
+    drift tables of docs/newcomers.md are generated from these (``python -m tools.docs``, from a checkout)."""
 
     #: What each client does in a round; what the server does; the model a client is scored with;
     #: what travels each round.

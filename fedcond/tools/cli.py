@@ -419,56 +419,55 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-def reproduction(
-    folders: Sequence[str], out: str, notes: str | None, claims_file: str | None = None, readme: str | None = None
-) -> int:
-    """``fedcond reproduction``: the claims' verdicts, then every folder's results beside the paper's,
-    under a link to the notes; with ``readme``, that file's generated verdict lines too."""
-    from fedcond.tools.claims import CLAIMS_FILE, load_claims, readme_block, verdicts_markdown, with_readme_block
-    from fedcond.tools.report import GENERATED_MARKER, NOTES_FILE, reproduction_markdown
+def reproduction(folders: Sequence[str], out: str, notes: str | None) -> int:
+    """``fedcond reproduction``: every folder's results beside the paper's, under a link to the notes.
+    (This repository's own report, with the paper's claims and their verdicts, is written from a
+    checkout by ``python -m tools.reproduction``.)"""
+    from fedcond.tools.report import reproduction_markdown, reproduction_notes
 
     out_path = Path(out)
-    notes_path = Path(notes) if notes else out_path.parent / NOTES_FILE
-    if not notes_path.is_file():
-        raise FedcondError(
-            f"no notes file {notes_path}; write the hand-written part of the report there or pass --notes"
-        )
-    if out_path.is_file() and not out_path.read_text().startswith(GENERATED_MARKER):
-        # Never overwrite prose: it belongs in the notes file, which the report links to.
-        raise FedcondError(f"{out_path} was written by hand; move its prose into {notes_path}, then delete it")
-    # The verdict table where a claims file answers the paper's claims (this repository's
-    # experiments/paper/claims.toml); a report of other folders has none unless --claims names one.
-    default_claims = out_path.parent / CLAIMS_FILE
-    claims_path = Path(claims_file) if claims_file else default_claims if default_claims.is_file() else None
-    # With --readme, every claim's verdict is shown in the README: each must declare the headline seeds.
-    claims = load_claims(claims_path, readme=readme is not None) if claims_path is not None else None
-    readme_path = Path(readme) if readme else None
-    if readme_path is not None and not readme_path.is_file():
-        raise FedcondError(f"no README {readme_path}; pass --readme with the README to update")
-    if readme_path is not None and claims is None:
-        raise FedcondError(
-            f"--readme writes the claims' verdicts, but there is no {default_claims}; pass --claims FILE"
-        )
+    notes_path = reproduction_notes(out_path, Path(notes) if notes else None)
     command = " ".join(
         ["fedcond reproduction", *map(display_path, map(Path, folders)), "--out", display_path(out_path)]
         + (["--notes", display_path(notes_path)] if notes else [])
-        + (["--claims", display_path(Path(claims_file))] if claims_file else [])
-        + (["--readme", display_path(readme_path)] if readme_path else [])
     )
-    verdicts = verdicts_markdown(claims, out_path.parent) if claims is not None else []
-    text = reproduction_markdown([Path(folder) for folder in folders], notes_path, command, out_path.parent, verdicts)
-    readme_text = None
-    if readme_path is not None and claims is not None:  # computed first: a bad block writes nothing
-        block = readme_block(claims, readme_path.parent, out_path)
-        readme_text = with_readme_block(readme_path.read_text(), block, readme_path)
+    text = reproduction_markdown([Path(folder) for folder in folders], notes_path, command, out_path.parent)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(text)
-    if readme_path is not None and readme_text is not None:
-        readme_path.write_text(readme_text)
-    sources = f"{notes_path} and {claims.path}" if claims is not None else str(notes_path)
-    print(f"fedcond: {out_path} written from {len(folders)} results folder(s), {sources}"
-          + (f"; {readme_path}'s verdicts updated" if readme_path else ""))  # fmt: skip
+    print(f"fedcond: {out_path} written from {len(folders)} results folder(s) and {notes_path}")
     return 0
+
+
+#: What moved out of the installed fedcond into this repository's record tooling (tools/, run from a
+#: checkout): an option users and old docs still type, and the one-line answer it now gets.
+MOVED_OPTIONS = {
+    ("settings", "write"): (
+        "fedcond settings --write is gone from the installed fedcond: from a checkout, python -m tools.docs "
+        "regenerates pyproject.toml's [tool.flwr.app.config], docs/settings.md and the method tables"
+    ),
+    ("reproduction", "claims"): (
+        "fedcond reproduction --claims is gone from the installed fedcond: from a checkout, "
+        "python -m tools.reproduction FOLDERS --out FILE --claims FILE writes the report with the claims' verdicts"
+    ),
+    ("reproduction", "readme"): (
+        "fedcond reproduction --readme is gone from the installed fedcond: from a checkout, "
+        "python -m tools.reproduction FOLDERS --out FILE --readme README.md also rewrites the README's verdicts"
+    ),
+}
+
+
+def add_moved_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """The options of ``command`` that moved to tools/: still read (with or without a value), never
+    shown, so that ``main`` answers them with the new command instead of argparse's generic error."""
+    for moved_command, option in MOVED_OPTIONS:
+        if moved_command == command:
+            parser.add_argument(f"--{option}", nargs="?", const=True, default=None, help=argparse.SUPPRESS)
+
+
+def refuse_moved_options(arguments: argparse.Namespace) -> None:
+    for (command, option), message in MOVED_OPTIONS.items():
+        if arguments.command == command and getattr(arguments, option, None) is not None:
+            raise FedcondError(message)
 
 
 def compare(arguments: argparse.Namespace) -> int:
@@ -561,14 +560,7 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="the hand-written discussion the report links to (default: reproduction-notes.md beside --out)",
     )
-    reproduction_parser.add_argument(
-        "--claims",
-        metavar="FILE",
-        help="the claims and the runs that answer them (default: paper/claims.toml beside --out)",
-    )
-    reproduction_parser.add_argument(
-        "--readme", metavar="FILE", help="also rewrite this README's generated verdict lines and method-choice table"
-    )
+    add_moved_options(reproduction_parser, "reproduction")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -586,9 +578,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser("stop-superlink", help="stop Flower's local SuperLink of this FLWR_HOME (no other)")
     commands.add_parser("list", help="list methods, datasets, scenarios, fingerprints and conditionings")
     settings_parser = commands.add_parser("settings", help="every setting: key, default, who reads it, meaning")
-    settings_parser.add_argument(
-        "--write", action="store_true", help="regenerate pyproject.toml's [tool.flwr.app.config] and docs/settings.md"
-    )
+    add_moved_options(settings_parser, "settings")
     deploy_parser = commands.add_parser(
         "deploy-local",
         help="one run on a real SuperLink and SuperNodes, separate processes on 127.0.0.1 (TLS, authenticated nodes)",
@@ -635,18 +625,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         arguments = parser.parse_args(words)
     try:
+        refuse_moved_options(arguments)
         if arguments.command == "list":
             return list_choices()
         if arguments.command == "stop-superlink":
             return stop_superlink()
         if arguments.command == "settings":
-            return print_settings(arguments.write)
+            return print_settings()
         if arguments.command in ("compare", "sweep"):
             return compare(arguments) if arguments.command == "compare" else sweep(arguments)
         if arguments.command == "report":
             return report(Path(arguments.out))
         if arguments.command == "reproduction":
-            return reproduction(arguments.folders, arguments.out, arguments.notes, arguments.claims, arguments.readme)
+            return reproduction(arguments.folders, arguments.out, arguments.notes)
         if arguments.command == "submit":
             from fedcond.tools.submit import submit
 
@@ -675,17 +666,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def print_settings(write: bool) -> int:
-    """``fedcond settings``: the table of every setting; ``--write`` regenerates its two copies."""
-    from fedcond.tools.flwr_commands import app_directory
+def print_settings() -> int:
+    """``fedcond settings``: the table of every setting (a checkout's ``python -m tools.docs`` writes
+    its two copies, pyproject.toml's block and docs/settings.md)."""
     from fedcond.tools.settings import settings
-    from fedcond.tools.settings import write as write_files
 
     for row in settings():
         print(f"{row.key:34} {row.default!r:12} {row.owner:24} {row.help}")
-    if write:
-        for path in write_files(app_directory()):
-            print(f"fedcond: wrote {path}")
     return 0
 
 

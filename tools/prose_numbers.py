@@ -19,7 +19,7 @@ mean over its seeds, or those named, of the last recorded values), ``METHOD inte
 [COLUMN]: D ± H`` (the paired mean difference in points over the seeds both ran, or those of them
 named, and its 95% t half-width), or ``METHOD - REFERENCE [over seeds 0,1] [COLUMN] verdict
 [matches MARGIN]: WORDS`` (what that paired interval allows,
-worded as the verdict table words it, ``fedcond.tools.claims.verdict``: holds, does not hold, not
+worded as the verdict table words it, ``tools.claims.verdict``: holds, does not hold, not
 established; above 0, or no more than MARGIN points under with ``matches``), ``METHOD [seed S]
 parameters: N`` (the model's size, run.json's ``model_parameters``, the same in each of its runs),
 ``paper TABLE METHOD [column=value ...]: VALUE`` (a number of the paper's, experiments/paper/results.csv),
@@ -58,8 +58,8 @@ from pathlib import Path
 import numpy as np
 
 from fedcond.errors import FedcondError
-from fedcond.tools.claims import Side, final_by_seed, metrics_rows, verdict
 from fedcond.tools.report import confidence_half_width
+from tools.claims import Side, final_by_seed, metrics_rows, verdict
 
 OPENING = "<!-- cites "
 #: A text whose numbers were measured outside the committed results says so, and how to measure
@@ -100,7 +100,7 @@ _VERDICT = re.compile(
     r"(?: (?P<kind>beats|matches (?P<margin>\d+(?:\.\d+)?)))?$"
 )
 _PARAMETERS = re.compile(rf"^(?P<method>{_NAME})(?: seed (?P<seed>\d+))? parameters$")
-#: How a verdict line's words may read: the verdict table's outcomes (``fedcond.tools.claims.OUTCOMES``).
+#: How a verdict line's words may read: the verdict table's outcomes (``tools.claims.OUTCOMES``).
 VERDICT_WORDS = ("holds", "does not hold", "not established")
 #: Words that give an unsigned difference its sign.
 UNDER = ("under", "below", "behind", "short", "less", "lower", "lose", "loses", "lost", "cost", "costs", "worse")
@@ -556,7 +556,7 @@ def suggest(path: Path, line: int, folder: Path, where: dict[str, str]) -> list[
 
 
 def main(arguments: list[str] | None = None) -> int:
-    """``python -m fedcond.tools.prose_numbers FILE:LINE FOLDER [key=value ...]``: suggested citations."""
+    """``python -m tools.prose_numbers FILE:LINE FOLDER [key=value ...]``: suggested citations."""
     import argparse
 
     parser = argparse.ArgumentParser(description=suggest.__doc__)
