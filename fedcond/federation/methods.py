@@ -119,26 +119,22 @@ class Method:
         return self.strategy.serves_held_out_clients
 
 
-#: Every federated method, by the name of its two modules (``strategies/<module>.py`` holds ``METHOD``,
-#: ``clients/<module>.py`` holds ``Client``); its name is the module's with ``-`` for ``_``. The table
-#: imports these, and only these: a module in strategies/ that is not listed is refused, not skipped.
-METHOD_MODULES = (
-    "cfl", "conditional", "dac", "descriptor_clustering", "ditto", "fedavg", "fedbn", "fedprox", "gossip", "ifca",
-    "local", "oracle", "pfedhn", "scaffold",
-)  # fmt: skip
+def method_modules() -> list[str]:
+    """Every federated method, by the name of its two modules (``strategies/<module>.py`` holds
+    ``METHOD``, ``clients/<module>.py`` holds ``Client``), found by import: every module of the
+    strategies package, in name order; a method's name is its module's with ``-`` for ``_``. Nothing
+    lists them, so adding a method is adding its modules; a module there that declares no method is
+    refused at start naming its file (``checked_declaration``), never skipped."""
+    from fedcond import strategies
+
+    return sorted(info.name for info in pkgutil.iter_modules(strategies.__path__))
 
 
 def method_module(module: str) -> ModuleType:
     """``fedcond.strategies.<module>``, imported, or a one-line error naming its file."""
-    target = f"fedcond.strategies.{module}"
     try:
-        return importlib.import_module(target)
-    except ImportError as error:  # ModuleNotFoundError included: missing only when it is this module
-        if isinstance(error, ModuleNotFoundError) and error.name == target:
-            raise FedcondError(
-                f"strategies/{module}.py is missing: fedcond/federation/methods.py METHOD_MODULES lists it; "
-                "restore the file or take it off the list"
-            ) from None
+        return importlib.import_module(f"fedcond.strategies.{module}")
+    except ImportError as error:
         raise FedcondError(f"strategies/{module}.py cannot be imported: {error}") from error
 
 
@@ -158,26 +154,11 @@ def checked_declaration(module: str) -> Declaration:
     return declaration
 
 
-def unlisted_method_modules() -> list[str]:
-    """The modules of strategies/ that METHOD_MODULES does not list (each a mistake: a method that
-    would silently be left out, or a module that is no method)."""
-    from fedcond import strategies
-
-    found = {info.name for info in pkgutil.iter_modules(strategies.__path__)}
-    return sorted(found - set(METHOD_MODULES))
-
-
 @functools.cache
 def declared_methods() -> dict[str, Declaration]:
-    """Every federated method's declaration, by name, in the order of ``METHOD_MODULES``: each one's
-    ``METHOD``, checked, or a one-line error naming the file at fault."""
-    unlisted = unlisted_method_modules()
-    if unlisted:
-        raise FedcondError(
-            f"strategies/{unlisted[0]}.py is in no method list: add '{unlisted[0]}' to METHOD_MODULES in "
-            "fedcond/federation/methods.py, or move it out of strategies/ (which holds only methods)"
-        )
-    return {module.replace("_", "-"): checked_declaration(module) for module in METHOD_MODULES}
+    """Every federated method's declaration, by name, in module-name order: each one's ``METHOD``,
+    checked, or a one-line error naming the file at fault."""
+    return {module.replace("_", "-"): checked_declaration(module) for module in method_modules()}
 
 
 @functools.cache
