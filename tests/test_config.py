@@ -195,3 +195,17 @@ def test_the_settings_with_a_table_offer_exactly_its_values():
         key = name.replace("_", "-")
         assert helps[key].endswith("; one of " + ", ".join(f"`{choice}`" for choice in choices))
     assert "eigenvector" in tabled["fingerprint"] and "`mlp`" not in helps["conditioning"]
+
+
+def test_a_clientapp_reads_a_runs_settings_once_into_one_typed_resolved_object():
+    """Every message of a run brings the same raw settings; the ClientApp's mods and clients get one
+    typed object, made once per run and process, its dataset defaults filled in."""
+    from fedcond.federation.client_app import client_run_config
+
+    raw = {**default_config(), "method": "ditto", "dataset": "digits"}
+    first, again = client_run_config(raw), client_run_config(dict(reversed(list(raw.items()))))
+    assert first is again  # the same settings in any order: read once
+    assert first.local_epochs > 0 and first.batch_size > 0  # "dataset default" (0) resolved
+    assert first == first.resolved()
+    other = client_run_config({**raw, "seed": 7})
+    assert other is not first and other.seed == 7

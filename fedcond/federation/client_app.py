@@ -59,11 +59,18 @@ def client_class(method: str) -> type[FedcondClient]:
 
 def client_run_config(mapping: Mapping[str, Any]) -> RunConfig:
     """The run configuration as a ClientApp reads it: the core settings and the options of its own
-    client class and of the shared client settings, typed and checked; other methods' and the
-    server's options kept as given (the ServerApp checked them all before any client was asked)."""
-    settings = with_variant_settings(mapping)
+    client class and of the shared client settings, typed, checked and resolved (dataset defaults
+    filled in); other methods' and the server's options kept as given (the ServerApp checked them
+    all before any client was asked). Read once per run and process: every message of a run brings
+    the same raw settings, and its mods and client get this one typed object."""
+    return _typed_run_config(tuple(sorted(mapping.items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _typed_run_config(items: tuple[tuple[str, Any], ...]) -> RunConfig:
+    settings = with_variant_settings(dict(items))
     own = (*client_class(str(settings.get("method", RunConfig.method))).options, *CLIENT_SHARED_OPTIONS)
-    return RunConfig.from_mapping(settings, own, keep_unknown=True)
+    return RunConfig.from_mapping(settings, own, keep_unknown=True).resolved()
 
 
 def build_client(context: Context, config: RunConfig) -> Client:
