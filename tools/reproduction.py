@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedcond.errors import FedcondError
-from fedcond.tools.cli import display_path
+from fedcond.tools.cli import add_reproduction_arguments, display_path
 from fedcond.tools.report import GENERATED_MARKER, reproduction_markdown, reproduction_notes
 from tools.claims import CLAIMS_FILE, load_claims, readme_block, verdicts_markdown, with_readme_block
 
@@ -70,13 +70,7 @@ def reproduction(
 def main(argv: Sequence[str] | None = None) -> int:
     description = __doc__.split("\n\n")[0].replace("\n", " ").replace("``", "")
     parser = argparse.ArgumentParser(prog=COMMAND, description=description)
-    parser.add_argument("folders", nargs="+", metavar="DIR", help="compare or sweep --out folders")
-    parser.add_argument("--out", required=True, metavar="FILE", help="e.g. experiments/REPRODUCTION.md")
-    parser.add_argument(
-        "--notes",
-        metavar="FILE",
-        help="the hand-written discussion the report links to (default: reproduction-notes.md beside --out)",
-    )
+    add_reproduction_arguments(parser)
     parser.add_argument(
         "--claims",
         metavar="FILE",

@@ -456,6 +456,18 @@ MOVED_OPTIONS = {
 }
 
 
+def add_reproduction_arguments(parser: argparse.ArgumentParser) -> None:
+    """The results folders, the report and its notes: ``fedcond reproduction``'s arguments, which the
+    repository's ``python -m tools.reproduction`` extends with the claims."""
+    parser.add_argument("folders", nargs="+", metavar="DIR", help="compare or sweep --out folders")
+    parser.add_argument("--out", required=True, metavar="FILE", help="e.g. experiments/REPRODUCTION.md")
+    parser.add_argument(
+        "--notes",
+        metavar="FILE",
+        help="the hand-written discussion the report links to (default: reproduction-notes.md beside --out)",
+    )
+
+
 def add_moved_options(parser: argparse.ArgumentParser, command: str) -> None:
     """The options of ``command`` that moved to tools/: still read (with or without a value), never
     shown, so that ``main`` answers them with the new command instead of argparse's generic error."""
@@ -553,13 +565,7 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
     reproduction_parser = commands.add_parser(
         "reproduction", help="one Markdown report: hand-written notes, then every folder's results beside the paper's"
     )
-    reproduction_parser.add_argument("folders", nargs="+", metavar="DIR", help="compare or sweep --out folders")
-    reproduction_parser.add_argument("--out", required=True, metavar="FILE", help="e.g. experiments/REPRODUCTION.md")
-    reproduction_parser.add_argument(
-        "--notes",
-        metavar="FILE",
-        help="the hand-written discussion the report links to (default: reproduction-notes.md beside --out)",
-    )
+    add_reproduction_arguments(reproduction_parser)
     add_moved_options(reproduction_parser, "reproduction")
 
 
