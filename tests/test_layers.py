@@ -221,3 +221,19 @@ def test_strategies_and_clients_hold_only_methods():
         for path in sorted((ROOT / folder).glob("*.py")):
             if path.name != "__init__.py":
                 assert name in path.read_text(), f"{folder}/{path.name} is no method: move it to fedcond/federation/"
+
+
+#: The most methods one class of the project may define: a class past it does several things
+#: (the round protocol and the method hooks were one 37-method class before they were composed).
+MOST_METHODS_PER_CLASS = 20
+
+
+def test_no_class_has_more_than_twenty_methods():
+    crowded = []
+    for name, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                defined = [item for item in node.body if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)]
+                if len(defined) > MOST_METHODS_PER_CLASS:
+                    crowded.append(f"{name}.{node.name}: {len(defined)}")
+    assert not crowded, f"split these classes by concern: {crowded}"
