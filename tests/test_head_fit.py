@@ -187,3 +187,13 @@ def test_secaggplus_gives_the_server_the_fits_means_and_no_clients_own():
         counts.append(len(client.data.train_y))
     # Stochastic rounding to 2 x clipping-range / quantization-range per client: the Gram's mean is exact to it.
     np.testing.assert_allclose(gram, np.average(grams, axis=0, weights=counts), atol=1e-4)
+
+
+def test_one_clients_products_give_its_fingerprint_and_head_change_exactly():
+    """What head_fit's docstring says a reply in the clear gives away: s~_0 = 1, so row 0 of s~ s~^T is
+    [1, c] (the fingerprint as the model reads it, sign included) and row 0 of s~ (x) dH is dH."""
+    condition = np.array([0.3, -1.2, 2.0], dtype=np.float32)
+    change = np.random.default_rng(0).normal(size=(10, 5)).astype(np.float32)
+    moment, gram = head_fit.client_products(head_fit.augmented(condition, 1.0), change)
+    assert np.allclose(gram[0, 1:], condition) and gram[0, 0] == 1.0
+    assert np.allclose(moment[0], change)

@@ -21,11 +21,13 @@ the least-squares generator change that gives each client its own head change, s
 Clients whose fingerprints are the same share their mean change; clients whose fingerprints differ
 in independent directions keep theirs apart; ``ridge`` pools fingerprints that differ only slightly
 (one client alone keeps ``|s~|^2 / (|s~|^2 + ridge)`` of its change). Means are what SecAgg+ and the
-streamed average give the server, so the step works under both. Privacy is the averaged generator's:
-one client's ``s~ s~^T`` in the clear gives its fingerprint up to sign, as one client's plain update
-of a hyper head does (``tests/test_adversary.py``); under SecAgg+ the server sees the means alone, and
-with ``fingerprint-epsilon`` both products are computed from the noised fingerprint. The step is the
-same whatever scale the fingerprint is read at, up to ``ridge``.
+streamed average give the server, so the step works under both. What one client's reply gives away
+in the clear is exact: since ``s~_0 = 1``, row 0 of its ``s~ s~^T`` is ``[1, c]``, its fingerprint as
+the model reads it, sign included, and row 0 of ``s~ (x) dH`` is ``dH``, its head's exact change in
+the round (a plain update of a hyper head gives the fingerprint away too, ``tests/test_adversary.py``).
+Under SecAgg+ the server sees the sample-weighted means alone; with ``fingerprint-epsilon`` both
+products are computed from the noised fingerprint. The step is the same whatever scale the
+fingerprint is read at, up to ``ridge``.
 """
 
 from __future__ import annotations
