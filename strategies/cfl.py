@@ -44,7 +44,7 @@ from sklearn.cluster import AgglomerativeClustering
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.federation.cluster_models import ClusterModels
-from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.declaration import MODEL_REPLY, Declaration, Facts
 from fedcond.federation.messages import PARAMETER_TREE
 from fedcond.federation.participation import EVALUATE
 from fedcond.federation.server_method import StrategyInputs
@@ -215,6 +215,9 @@ METHOD = Declaration(
         "`CflStrategy.instruction`, `CflClient`, `fedcond/model/parameter_tree.py`", "split tree",
         "keeps the cluster it was split into (CFL splits, it never merges or moves a client)",
         server_state=True,
+        releases=(
+            MODEL_REPLY,
+        ),
     ),
     competitor=True,
 )  # fmt: skip

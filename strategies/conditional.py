@@ -18,7 +18,7 @@ from flwr.server.client_manager import ClientManager
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.federation.client_dp import CLIENT_DP
-from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.declaration import ALWAYS_SUMMED, Declaration, Facts, Release
 from fedcond.federation.membership import PartitionProxy
 from fedcond.federation.messages import (
     FINGERPRINT_MEAN,
@@ -164,5 +164,26 @@ METHOD = Declaration(
         "recompute the fingerprint on the new data (`drift-fingerprint = \"recompute\"`, the default), or keep the "
         "`stale` one; normalised by the statistics published before round 1",
         server_state=True,
+        releases=(
+            Release(
+                "before round 1, with `normalisation = federated` (the default)",
+                "(f, f², 1): its fingerprint, its square and a 1, as exact digits",
+                "the sum over the training clients that finished the protocol (so the mean and standard deviation "
+                "it publishes to every client) and which clients those were",
+                ALWAYS_SUMMED,
+            ),
+            Release(
+                "each training round",
+                "the model after local training, fed its fingerprint, n and its training loss",
+                "the client's model update and, in the conditioned layer's change, its exact fingerprint (cosine "
+                "1.000, [the attack](#the-fingerprint-reconstruction-attack))",
+            ),
+            Release(
+                "each training round, with `head-fit = ridge`",
+                "in the generated head's place the products s~ (x) dH and s~ s~^T (`fedcond/model/head_fit.py`)",
+                "its exact fingerprint (row 0 of s~ s~^T is [1, c]) and its head's exact change (row 0 of "
+                "s~ (x) dH)",
+            ),
+        ),
     ),
 )  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flwr.common import Parameters, ndarrays_to_parameters
 
-from fedcond.federation.declaration import KEEPS_MODEL_ON_DRIFT, Declaration, Facts
+from fedcond.federation.declaration import KEEPS_MODEL_ON_DRIFT, PEER_MODEL_REPLY, Declaration, Facts
 from fedcond.federation.peer import PeerToPeer
 from fedcond.model.aggregation import (
     DAC_NEIGHBOURS,
@@ -49,5 +49,8 @@ METHOD = Declaration(
         "top-k", "`DacStrategy.newcomer_parameters`, `DacClient.newcomer_model`", "lowest-loss peers",
         KEEPS_MODEL_ON_DRIFT,
         server_state=True,
+        releases=(
+            PEER_MODEL_REPLY,
+        ),
     ),
 )  # fmt: skip

@@ -11,7 +11,7 @@ from flwr.server.client_manager import ClientManager
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.federation.cluster_models import ClusterModels
-from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.declaration import IN_THE_CLEAR, MODEL_REPLY, Declaration, Facts, Release
 from fedcond.federation.exchange import ask_all, message_timeout
 from fedcond.federation.messages import (
     DESCRIPTOR,
@@ -141,6 +141,15 @@ METHOD = Declaration(
         "nearest descriptor",
         "keeps the cluster its descriptor placed it in before round 1 (descriptors are sent once)",
         server_state=True,
+        releases=(
+            Release(
+                "before round 1",
+                "its descriptor (`fingerprint`, e.g. the eigenvalues), as a vector",
+                "the client's exact descriptor",
+                IN_THE_CLEAR,
+            ),
+            MODEL_REPLY,
+        ),
     ),
     competitor=True,
 )  # fmt: skip

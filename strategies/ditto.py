@@ -3,7 +3,7 @@ towards the global one."""
 
 from fedcond.strategies.fedavg import FedcondFedAvg
 
-from fedcond.federation.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
+from fedcond.federation.declaration import FEDAVG_COMMUNICATION, MODEL_REPLY, Declaration, Facts, Release
 
 #: This method's one declaration: the method table finds it by this module's name.
 METHOD = Declaration(
@@ -16,5 +16,12 @@ METHOD = Declaration(
         "`FedcondClient.newcomer_model`", "global",
         "keeps its personal model, trained on the old data, and goes on training it on the new",
         server_state=True,
+        releases=(
+            Release(
+                "each training round",
+                "the global model after local training, n and its training loss (its personal model never leaves it)",
+                MODEL_REPLY.learns,
+            ),
+        ),
     ),
 )  # fmt: skip

@@ -6,7 +6,7 @@ from typing import Any
 
 from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedcond.federation.declaration import GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
+from fedcond.federation.declaration import GLOBAL_NEWCOMER, MODEL_REPLY, NOTHING_ON_DRIFT, Declaration, Facts
 from fedcond.federation.server_method import ServerMethod, StrategyInputs
 from fedcond.model.aggregation import Model, weighted_average
 from fedcond.model.networks import build_run_model, get_weights, trained_arrays
@@ -97,5 +97,8 @@ METHOD = Declaration(
     Facts(
         "trains the global model", "FedAvg (sample-weighted)", "global model", "model down and up, every client",
         *GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, server_state=True,
+        releases=(
+            MODEL_REPLY,
+        ),
     ),
 )  # fmt: skip

@@ -7,7 +7,7 @@ from fedcond.strategies.fedavg import FedcondFedAvg
 from fedcond.config import RunConfig
 from fedcond.data.datasets import dataset_spec
 from fedcond.errors import FedcondError
-from fedcond.federation.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
+from fedcond.federation.declaration import FEDAVG_COMMUNICATION, Declaration, Facts, Release
 from fedcond.model.networks import has_batch_norm
 
 
@@ -39,6 +39,15 @@ METHOD = Declaration(
         "the global model, its batch-norm statistics recomputed on the newcomer's own unlabelled training images "
         "(AdaBN)", "`FedcondClient.newcomer_model`", "global",
         "keeps its own batch-norm layers and goes on training them on the new data", server_state=True,
+        releases=(
+            Release(
+                "each training round",
+                "the model after local training, its own batch-norm layers included (affine parameters and running "
+                "means and variances), n and its training loss",
+                "the client's model update, and its features' per-channel means and variances (statistics of its "
+                "data)",
+            ),
+        ),
     ),
     competitor=True,
     test_settings={"dataset": "cifar10", "local-epochs": 2, "batch-size": 8},

@@ -2,7 +2,14 @@
 
 from fedcond.strategies.fedavg import FedcondFedAvg
 
-from fedcond.federation.declaration import FEDAVG_COMMUNICATION, GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, Declaration, Facts
+from fedcond.federation.declaration import (
+    FEDAVG_COMMUNICATION,
+    GLOBAL_NEWCOMER,
+    MODEL_REPLY,
+    NOTHING_ON_DRIFT,
+    Declaration,
+    Facts,
+)
 
 #: This method's one declaration: the method table finds it by this module's name.
 METHOD = Declaration(
@@ -11,6 +18,9 @@ METHOD = Declaration(
     Facts(
         "trains the global model with loss + (mu/2)·‖w \u2212 w_global‖² (Li et al. 2020; not in the paper)", "FedAvg",
         "global model", FEDAVG_COMMUNICATION, *GLOBAL_NEWCOMER, NOTHING_ON_DRIFT, server_state=True,
+        releases=(
+            MODEL_REPLY,
+        ),
     ),
     competitor=True,
 )  # fmt: skip

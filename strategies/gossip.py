@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import Parameters, ndarrays_to_parameters
 
-from fedcond.federation.declaration import KEEPS_MODEL_ON_DRIFT, Declaration, Facts
+from fedcond.federation.declaration import KEEPS_MODEL_ON_DRIFT, PEER_MODEL_REPLY, Declaration, Facts
 from fedcond.federation.peer import PeerToPeer
 from fedcond.model.aggregation import (
     Model,
@@ -44,5 +44,8 @@ METHOD = Declaration(
         "one training client's model, drawn anew each round by a generator seeded with (seed, round, partition): its "
         "one random peer", "`GossipStrategy.newcomer_parameters`", "random peer", KEEPS_MODEL_ON_DRIFT,
         server_state=True,
+        releases=(
+            PEER_MODEL_REPLY,
+        ),
     ),
 )  # fmt: skip

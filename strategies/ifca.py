@@ -7,7 +7,7 @@ from flwr.common import FitRes, Parameters, Scalar
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.federation.cluster_models import ClusterModels
-from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.declaration import Declaration, Facts, Release
 from fedcond.federation.messages import (
     CHOICE,
     EVALUATE_CHOICE,
@@ -93,5 +93,12 @@ METHOD = Declaration(
         "step)", "`IfcaClient.newcomer_model`", "lowest-loss cluster",
         "re-selects: every round it takes the cluster model with the lowest loss on the data it now holds",
         server_state=True,
+        releases=(
+            Release(
+                "each training round",
+                "the model it trained, which of the K models it chose, n and its training loss",
+                "the client's model update and its estimated cluster (its choice)",
+            ),
+        ),
     ),
 )  # fmt: skip

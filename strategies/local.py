@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.declaration import Declaration, Facts, Release
 from fedcond.federation.server_method import ServerMethod
 
 
@@ -25,5 +25,12 @@ METHOD = Declaration(
         "a model of its own, never trained: chance zero-shot, only its k steps teach it",
         "`LocalClient.newcomer_model`", "own untrained",
         "keeps its personal model, trained on the old data, and goes on training it on the new",
+        releases=(
+            Release(
+                "each training round",
+                "no model: its training-sample count n and its training loss",
+                "n and the training loss",
+            ),
+        ),
     ),
 )  # fmt: skip

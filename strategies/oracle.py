@@ -4,7 +4,7 @@ clusters from its own scenario)."""
 from __future__ import annotations
 
 from fedcond.federation.cluster_models import ClusterModels
-from fedcond.federation.declaration import FEDAVG_COMMUNICATION, Declaration, Facts
+from fedcond.federation.declaration import FEDAVG_COMMUNICATION, MODEL_REPLY, Declaration, Facts
 from fedcond.federation.server_method import StrategyInputs, initial_weights
 
 
@@ -47,5 +47,8 @@ METHOD = Declaration(
         "`OracleStrategy.instruction`", "true cluster",
         "is told: from round D it serves, and averages into, the model of the cluster whose data the client now holds",
         server_state=True,
+        releases=(
+            MODEL_REPLY,
+        ),
     ),
 )  # fmt: skip

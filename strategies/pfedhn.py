@@ -46,7 +46,7 @@ from flwr.server.server import fit_clients
 
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
-from fedcond.federation.declaration import Declaration, Facts
+from fedcond.federation.declaration import MODEL_REPLY, Declaration, Facts, Release
 from fedcond.federation.exchange import message_timeout
 from fedcond.federation.membership import PartitionProxy
 from fedcond.federation.messages import (
@@ -220,6 +220,14 @@ METHOD = Declaration(
         "`PFedHNStrategy.learn_newcomer_embeddings`, `PFedHNClient`", "mean embedding",
         "keeps its embedding, which goes on learning from its updates on the new data",
         server_state=True,
+        releases=(
+            MODEL_REPLY,
+            Release(
+                "a newcomer, with `newcomer-steps = k`: k times before its evaluation",
+                "the model generated from its embedding after one SGD step on one batch of its training data",
+                "the step: one batch's gradient of the newcomer's data",
+            ),
+        ),
     ),
     competitor=True,
 )  # fmt: skip

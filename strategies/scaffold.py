@@ -9,7 +9,7 @@ import numpy as np
 from fedcond.strategies.fedavg import FedcondFedAvg
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedcond.federation.declaration import GLOBAL_NEWCOMER, Declaration, Facts
+from fedcond.federation.declaration import GLOBAL_NEWCOMER, Declaration, Facts, Release
 from fedcond.federation.messages import PAYLOAD_PARTS, pack_parts, unpack_parts
 from fedcond.federation.participation import FIT
 from fedcond.federation.server_method import StrategyInputs
@@ -85,6 +85,14 @@ METHOD = Declaration(
         "global model", "model and control variate, down and up: twice FedAvg's", *GLOBAL_NEWCOMER,
         "nothing to do: the global model is every client's, and its c_i follows its new data as it trains",
         server_state=True,
+        releases=(
+            Release(
+                "each training round",
+                "the model after local training and the change of its control variate c_i, n and its training loss",
+                "the client's model update and the change of its control variate (another function of its "
+                "gradients)",
+            ),
+        ),
     ),
     competitor=True,
 )  # fmt: skip

@@ -37,9 +37,9 @@ def test_every_module_in_strategies_is_a_declared_method_in_name_order():
 def test_a_new_method_module_is_found_without_any_list(extra_modules):
     """Adding a method is adding its modules: the table finds strategies/fedrep.py by import."""
     (extra_modules / "strategies" / "fedrep.py").write_text(
-        "from fedcond.federation.declaration import Declaration, Facts\n"
+        "from fedcond.federation.declaration import MODEL_REPLY, Declaration, Facts\n"
         "from fedcond.strategies.fedavg import FedcondFedAvg\n"
-        "METHOD = Declaration('FedAvg again', FedcondFedAvg, Facts(*['x'] * 7, 'y'))\n"
+        "METHOD = Declaration('FedAvg again', FedcondFedAvg, Facts(*['x'] * 7, 'y', releases=(MODEL_REPLY,)))\n"
     )
     assert methods.declared_methods()["fedrep"].strategy.__name__ == "FedcondFedAvg"
 
@@ -52,6 +52,12 @@ def test_a_new_method_module_is_found_without_any_list(extra_modules):
         (
             "from fedcond.federation.declaration import Declaration\nMETHOD = Declaration('x', object, None)\n",
             r"strategies/fedrep\.py: METHOD's strategy <class 'object'> is no ServerMethod subclass",
+        ),
+        (
+            "from fedcond.federation.declaration import Declaration, Facts\n"
+            "from fedcond.strategies.fedavg import FedcondFedAvg\n"
+            "METHOD = Declaration('x', FedcondFedAvg, Facts(*['x'] * 7, 'y'))\n",
+            r"strategies/fedrep\.py: METHOD's facts declare no releases; say what its client sends",
         ),
         ("import not_a_package_anywhere\n", r"strategies/fedrep\.py cannot be imported: No module named"),
     ],

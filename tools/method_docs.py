@@ -1,7 +1,7 @@
 """The method tables of the docs, generated from the methods' declarations (``fedcond.federation.methods``:
 each federated method's ``Facts``): the README's method table and docs/newcomers.md's newcomer and
-drift tables. ``python -m tools.docs`` rewrites them between their markers; a test keeps them
-equal to what this module makes.
+drift tables, docs/privacy.md's table of what leaves a client. ``python -m tools.docs`` rewrites them
+between their markers; a test keeps them equal to what this module makes.
 """
 
 from __future__ import annotations
@@ -10,12 +10,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fedcond.errors import FedcondError
-from fedcond.federation.declaration import Facts
+from fedcond.federation.declaration import (
+    ALWAYS_SUMMED,
+    EVERY_CLIENT_RELEASES,
+    IN_THE_CLEAR,
+    WITH_SECURE_AGGREGATION,
+    Facts,
+    Release,
+)
 from fedcond.federation.methods import Method, flower_method_names, held_out_methods, method_names, registry
 from fedcond.pooled import NEWCOMER_RULE as POOLED_NEWCOMER_RULE
 
 README = Path("README.md")
 NEWCOMERS_PAGE = Path("docs", "newcomers.md")
+PRIVACY_PAGE = Path("docs", "privacy.md")
 
 
 def _begin(name: str) -> str:
@@ -73,11 +81,51 @@ def drift_table() -> str:
     return "\n".join(lines)
 
 
+def under_secure_aggregation(release: Release, refusal: str | None) -> str:
+    """What ``secure-aggregation=secaggplus`` makes of a message: the method's refusal (``refusal``: its
+    strategy's ``secure_aggregation_refusal``) where its server needs the message in the clear."""
+    if release.channel == ALWAYS_SUMMED:
+        return "always through SecAgg+: the server gets the sum alone"
+    if release.channel == IN_THE_CLEAR:
+        return "in the clear as well"
+    if release.channel != WITH_SECURE_AGGREGATION:
+        raise FedcondError(f"unknown channel {release.channel!r} of a release; see fedcond/federation/declaration.py")
+    if refusal is None:
+        return "only the sample-weighted mean over the round's contributors, and who contributed"
+    return f"refused: {refusal.split('; ')[0].split(': run ')[0]}"
+
+
+def release_table() -> str:
+    """docs/privacy.md: every message a client sends, by method (what every client sends first), in
+    the clear or only summed, and what an honest-but-curious server learns from it."""
+    lines = [
+        "| methods | when | what the client sends | what the server learns in the clear | "
+        "with `secure-aggregation=secaggplus` |",
+        "|---|---|---|---|---|",
+    ]
+    for release in EVERY_CLIENT_RELEASES:
+        cells = (release.when, release.content, release.learns, under_secure_aggregation(release, None))
+        lines.append("| every method | " + " | ".join(cells) + " |")
+    rows: dict[tuple[str, ...], list[str]] = {}
+    for name in flower_method_names():
+        method = registry()[name]
+        refusal = method.strategy.secure_aggregation_refusal if method.strategy is not None else None
+        releases = _facts(method).releases
+        if not releases:
+            raise FedcondError(f"method {name} declares no releases: say in its Facts what its client sends")
+        for release in releases:
+            cells = (release.when, release.content, release.learns, under_secure_aggregation(release, refusal))
+            rows.setdefault(cells, []).append(name)
+    lines += [f"| {', '.join(methods)} | " + " | ".join(cells) + " |" for cells, methods in rows.items()]
+    return "\n".join(lines)
+
+
 #: Each generated block: the file it lives in, its marker name and what makes it.
 BLOCKS: tuple[tuple[Path, str, Callable[[], str]], ...] = (
     (README, "method table", method_table),
     (NEWCOMERS_PAGE, "newcomer table", newcomer_table),
     (NEWCOMERS_PAGE, "drift table", drift_table),
+    (PRIVACY_PAGE, "release table", release_table),
 )
 
 

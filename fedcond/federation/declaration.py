@@ -20,6 +20,27 @@ NEWCOMER_RULES = (
 )  # fmt: skip
 
 
+#: How a message reaches the server (``Release.channel``): summed by SecAgg+ when the run sets
+#: ``secure-aggregation=secaggplus`` (a model update); summed by SecAgg+ in every run (the fingerprint
+#: statistics); or never summed.
+WITH_SECURE_AGGREGATION = "with-secure-aggregation"
+ALWAYS_SUMMED = "always-summed"
+IN_THE_CLEAR = "in-the-clear"
+CHANNELS = (WITH_SECURE_AGGREGATION, ALWAYS_SUMMED, IN_THE_CLEAR)
+
+
+@dataclass(frozen=True)
+class Release:
+    """One message a method's client sends, as an honest-but-curious server reads it: when, what it
+    holds, what the server learns from it in the clear, and whether SecAgg+ sums it
+    (docs/privacy.md's table of what leaves a client is generated from these)."""
+
+    when: str
+    content: str
+    learns: str
+    channel: str = WITH_SECURE_AGGREGATION
+
+
 @dataclass(frozen=True)
 class Facts:
     """A federated method in words, declared once: the README's method table and the newcomer and
@@ -42,12 +63,53 @@ class Facts:
     #: assignments, a hypernetwork; FedAvgM's velocity of each averaged model, with ``server-momentum``):
     #: its strategy extends ``state``, which the checkpoint saves.
     server_state: bool = False
+    #: What its client sends beyond what every client sends (``EVERY_CLIENT_RELEASES``), message by
+    #: message: at least its training reply.
+    releases: tuple[Release, ...] = ()
 
+
+#: What every method's client sends, whatever the method.
+EVERY_CLIENT_RELEASES = (
+    Release(
+        "before round 1",
+        "its partition id: the name its node's operator configured (`--node-config partition-id`)",
+        "which node holds which partition, the name it keeps per-client state by; no reply names a cluster",
+        IN_THE_CLEAR,
+    ),
+    Release(
+        "each evaluation (in the next training reply with evaluate-in-fit)",
+        "the test loss, test accuracy and test-sample count of the model it was sent; with "
+        "`validation-fraction`, its validation accuracy and count; with `per-class-accuracy`, each class's "
+        "correct and total counts in the final round",
+        "how well each model serves each client, and the size of its test set",
+        IN_THE_CLEAR,
+    ),
+    Release(
+        "each training reply, with a sample-level DP setting",
+        "its cumulative epsilon (under DP-SGD the training loss is withheld: NaN)",
+        "how much of its privacy budget the client has spent",
+        IN_THE_CLEAR,
+    ),
+)
 
 #: The words several methods share.
 FEDAVG_COMMUNICATION = "as FedAvg"
+#: The training reply of a client that returns the model it trained (FedAvg's).
+MODEL_REPLY = Release(
+    "each training round",
+    "the model after local training, its training-sample count n and its last epoch's training loss",
+    "the client's model update, what its data did to the model in the round (from which gradient-inversion "
+    "attacks reconstruct training images)",
+)
 GLOBAL_NEWCOMER = ("the global model", "`FedcondClient.newcomer_model`", "global")
 NOTHING_ON_DRIFT = "nothing to do: the global model is every client's"
+#: The training reply of a peer-to-peer method's client (Gossip's, DAC's): its model, to its peers.
+PEER_MODEL_REPLY = Release(
+    "each training round",
+    "the model after local training, n and its training loss, for the peers the server stands in for",
+    "in a deployment, each peer it is sent to receives the client's model; here the server that simulates the "
+    "network sees every client's",
+)
 KEEPS_MODEL_ON_DRIFT = "nothing to do: its client keeps its model and its peers"
 
 

@@ -151,6 +151,11 @@ def checked_declaration(module: str) -> Declaration:
         raise FedcondError(f"{where}: METHOD's strategy {declaration.strategy!r} is no ServerMethod subclass")
     if not isinstance(declaration.facts, Facts):
         raise FedcondError(f"{where}: METHOD's facts are a {type(declaration.facts).__name__}, not Facts(...)")
+    if not declaration.facts.releases:
+        raise FedcondError(
+            f"{where}: METHOD's facts declare no releases; say what its client sends (Facts(releases=(Release(...),)), "
+            "fedcond/federation/declaration.py)"
+        )
     return declaration
 
 
