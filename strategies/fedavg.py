@@ -55,12 +55,22 @@ class FedcondFedAvg(ServerMethod):
     def initial_global(self) -> Parameters:
         return ndarrays_to_parameters(self.initial)
 
+    #: Set by client-level DP (``fedcond/federation/client_dp.py``): ``stepped`` hands the round's mean on
+    #: as it is, Flower's wrapper noises it, and the wrapper then takes the server's step on the noised
+    #: mean (``server_step``), so that FedAvgM's velocity only ever holds what DP released.
+    defers_server_step = False
+
     def stepped(self, average: Model) -> Parameters:
-        """The new global model from the round's average: the average itself, or FedAvgM's step."""
+        """The new global model from the round's average: the average itself, or FedAvgM's step (the
+        mean as it is where client-level DP steps after its noise)."""
+        return ndarrays_to_parameters(average if self.defers_server_step else self.server_step(average))
+
+    def server_step(self, average: Model) -> Model:
+        """The new global model from the round's (under client-level DP: noised) average."""
         if self.server_momentum is not None:
             average = self.server_momentum.step(self.current, average)
         self.current = average
-        return ndarrays_to_parameters(average)
+        return average
 
     def state(self) -> tuple[dict[str, Model], dict[str, Any]]:
         models, values = super().state()

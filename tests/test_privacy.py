@@ -327,7 +327,6 @@ def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd
         ({"client-dp": "central"}, "unknown client-dp 'central'"),
         ({"method": "gossip", "client-dp": "server-side"}, "averages one global model"),
         ({"client-dp": "client-side", "client-dp-clipping-norm": 0.0}, "client-dp-clipping-norm must be positive"),
-        ({"method": "fedavg", "dataset": "cifar10", "client-dp": "server-side"}, "BatchNorm"),
         ({"method": "pooled-global", "dp-noise-multiplier": 1.0}, "federated methods only"),
         ({"method": "fedavg", "dp-noise-multiplier": 1.0, "resume": "/a/run"}, "its epsilon would restart from 0"),
         # Secure aggregation (fedcond.privacy.secure_aggregation, each strategy's secure_aggregation_refusal).
@@ -436,6 +435,43 @@ def test_client_level_dp_stops_a_round_that_lost_a_client_with_its_reason():
     with pytest.raises(FedcondError, match=r"round 1: 3 of 4 clients answered fit, and client-dp's noise") as error:
         strategy.aggregate_fit(1, results, failures)
     assert "partition 1 failed in fit: disk full" in str(error.value)
+
+
+def test_client_level_dp_takes_the_server_step_on_the_noised_mean_and_keeps_variances_valid():
+    from flwr.server.server import fit_clients
+
+    from fedcond.data.scenarios import scenario_for
+    from fedcond.federation.client_dp import with_client_dp
+    from fedcond.model.server_optimiser import ServerMomentum
+    from tests.test_failures import federation, layer_model, two_by_two
+
+    # FedAvgM and client-level DP together, on the CIFAR network (batch norm): accepted before anything starts.
+    settings = {"method": "fedavg", "num-clusters": 2, "clients-per-cluster": 2, "client-dp": "server-side",
+                "client-dp-noise-multiplier": 1.0, "client-dp-clipping-norm": 100.0, "server-momentum": 0.5,
+                "server-learning-rate": 0.7}  # fmt: skip
+    check_run(run_config({**settings, "dataset": "cifar10"}))
+    config = run_config(settings)
+    method = FedcondFedAvg(StrategyInputs(config, 10, False, None, scenario=scenario_for(config)))
+    # FakeNode's two-array model, read as a trained weight and a batch-norm running variance.
+    method.array_names, method.current = ["weight", "norm.running_var"], layer_model(0.0)
+    method.server_momentum = ServerMomentum(0.5, 0.7, [True, False])
+    wrapper = with_client_dp(FedcondStrategy(method), config)
+    manager = federation(two_by_two())
+    wrapper.initialize_parameters(manager)
+    instructions = wrapper.configure_fit(1, ndarrays_to_parameters(layer_model(0.0)), manager)
+    results, failures = fit_clients(instructions, None, None, 1)
+    np.random.seed(7)  # Flower draws its noise from numpy's global generator
+    new = parameters_to_ndarrays(wrapper.aggregate_fit(1, results, failures)[0])
+    # The clients return 1, 2, 3 and 4 everywhere (updates far inside the clip): their uniform mean 2.5,
+    # then Flower's noise, std 1 x 100 / 4, drawn as it draws it.
+    np.random.seed(7)
+    noised = [2.5 + np.random.normal(0, 25.0, array.shape).astype(np.float32) for array in layer_model(0.0)]
+    # FedAvgM from the model the clients received (0): 0 - 0.7 x (0 - noised mean); the variance is valid.
+    np.testing.assert_allclose(new[0], 0.7 * noised[0], rtol=1e-5)
+    np.testing.assert_allclose(method.server_momentum.velocity[0], -noised[0], rtol=1e-5)
+    np.testing.assert_array_equal(new[1], np.maximum(noised[1], 0))
+    assert (noised[1] < 0).any() and (new[1] >= 0).all()
+    np.testing.assert_array_equal(method.current[0], new[0])  # the next round steps from the noised model
 
 
 def test_the_clipping_mod_clips_where_the_server_asks_and_passes_client_errors_on(task_identity):

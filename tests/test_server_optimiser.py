@@ -105,7 +105,6 @@ def test_plain_settings_are_fedavg_and_momentum_steps_from_the_model_the_clients
         ({"method": "gossip", "server-momentum": 0.9}, "server-momentum=0.9: gossip has no server average to step"),
         ({"server-learning-rate": 0}, "server-learning-rate must be positive"),
         ({"server-momentum": 1.0}, "server-momentum must be at most 0.99"),
-        ({"server-momentum": 0.9, "client-dp": "server-side"}, "set server-momentum=0"),
     ],
 )
 def test_server_optimiser_settings_are_refused_in_one_line_before_anything_starts(settings, refusal):

@@ -7,7 +7,7 @@
 both, the server adds Gaussian noise of std noise-multiplier x clipping-norm / clients to the
 average. The unit of privacy is a whole client: its every sample, in every round.
 
-Two things the wrappers take for granted that fedcond must provide, done here rather than in
+What the wrappers take for granted that fedcond must provide, done here rather than in
 ``fedcond/federation/strategy.py``:
 
 - The noise is calibrated to an *unweighted* mean of clipped updates (sensitivity clip / clients);
@@ -19,13 +19,25 @@ Two things the wrappers take for granted that fedcond must provide, done here ra
   strategy's failure accounting first (``answered_replies``, its failure policy), and a round that
   lost any client then stops the run in one line: the noise is calibrated to every training client
   answering, and a partial round would be less private than its recorded epsilon.
+- The wrappers noise whatever the inner strategy returns. A server optimiser (``server-momentum``,
+  ``server-learning-rate``) must step on the *noised* mean, or its velocity would carry each round's
+  un-noised average into later rounds: the method hands its mean on unstepped
+  (``defers_server_step``), the wrapper noises it and then takes the method's step
+  (``server_step``). FedAvgM is then post-processing of what DP released, and every averaging arm of a
+  comparison can run under DP with the server optimiser it runs without.
+- The noise lands on every array, batch norm's running statistics included (they are part of each
+  clipped update, so they are covered too); a noised running variance can fall below zero, which
+  no network can normalise by. The wrapper sets those values to zero after the noise (post-processing,
+  so the guarantee stands); with ``feature-norm=local-batch`` clients use their own layers instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, cast
 
-from flwr.common import FitRes, Parameters, Scalar
+import numpy as np
+from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import (
     DifferentialPrivacyClientSideFixedClipping,
@@ -33,10 +45,8 @@ from flwr.server.strategy import (
     Strategy,
 )
 from flwr.supercore.differential_privacy import add_gaussian_noise_to_params, compute_stdv
-from torch import nn
 
 from fedcond.config import Option, RunConfig
-from fedcond.data.datasets import dataset_spec
 from fedcond.errors import FedcondError
 from fedcond.federation.participation import FIT
 from fedcond.federation.round_record import Failures, answered_replies
@@ -44,8 +54,7 @@ from fedcond.federation.sampling import clients_per_round
 from fedcond.federation.secagg_workflow import SecureSum
 from fedcond.federation.server_method import ServerMethod
 from fedcond.federation.strategy import FedcondStrategy
-from fedcond.model.networks import build_run_model
-from fedcond.model.server_optimiser import is_plain_fedavg
+from fedcond.model.aggregation import Model
 from fedcond.privacy.dp import DP_DELTA, check_delta, gaussian_rounds_epsilon
 from fedcond.privacy.secure_aggregation import SecureAggregation
 
@@ -89,17 +98,28 @@ def check_client_dp(config: RunConfig, strategy: type[ServerMethod] | None, elig
             f"client-dp needs a server that averages one global model ({', '.join(eligible)}); "
             f"{config.method} does not: set client-dp=off"
         )
-    if not is_plain_fedavg(config):
-        raise FedcondError(
-            "client-dp adds its noise after the server's step, so server-momentum would carry each round's "
-            "un-noised average into later rounds; set server-momentum=0 and server-learning-rate=1, or client-dp=off"
-        )
-    model = build_run_model(config, dataset_spec(config.dataset).num_classes, conditioned=True)
-    if any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules()):
-        raise FedcondError(
-            f"client-dp adds noise to every array of the averaged model, and the {config.dataset} network's "
-            "BatchNorm running variances would turn negative; use digits, mnist or fashion-mnist, or client-dp=off"
-        )
+
+
+#: What a running variance's name ends with in a ``state_dict`` (torch's batch-norm layers).
+RUNNING_VARIANCE = ".running_var"
+
+
+class AveragesOneModel(Protocol):
+    """What the wrappers need of a method whose server averages one model (``averages_one_model``,
+    ``strategies/fedavg.py``): its arrays' names and its server step, taken after the noise."""
+
+    defers_server_step: bool
+    array_names: list[str]
+
+    def server_step(self, average: Model) -> Model: ...
+
+
+def valid_statistics(names: Sequence[str], arrays: Model) -> Model:
+    """``arrays`` with every running variance below zero set to zero (post-processing of the noise)."""
+    return [
+        np.maximum(array, 0).astype(array.dtype) if name.endswith(RUNNING_VARIANCE) else array
+        for name, array in zip(names, arrays, strict=True)
+    ]
 
 
 class _FedcondClientDp:
@@ -107,6 +127,14 @@ class _FedcondClientDp:
 
     strategy: FedcondStrategy
     num_sampled_clients: int
+
+    def stepped_after_noise(self, noised: Parameters | None) -> Parameters | None:
+        """The new global model: the method's server step on the noised mean, its running variances valid."""
+        if noised is None:
+            return None
+        method = cast(AveragesOneModel, self.strategy.method)
+        mean = valid_statistics(method.array_names, parameters_to_ndarrays(noised))
+        return ndarrays_to_parameters(method.server_step(mean))
 
     def aggregate_fit(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
@@ -122,7 +150,8 @@ class _FedcondClientDp:
                 f"epsilon says); first: {first}; fix those clients or set client-dp=off"
             )
         uniform = [(proxy, FitRes(res.status, res.parameters, 1, res.metrics)) for proxy, res in results]
-        return super().aggregate_fit(server_round, uniform, [])  # type: ignore[misc]
+        noised, metrics = super().aggregate_fit(server_round, uniform, [])  # type: ignore[misc]
+        return self.stepped_after_noise(noised), metrics
 
 
 class ServerSideClientDp(_FedcondClientDp, DifferentialPrivacyServerSideFixedClipping):
@@ -150,9 +179,8 @@ class ClientSideClientDp(_FedcondClientDp, DifferentialPrivacyClientSideFixedCli
             )
         if parameters is None:
             return None
-        return add_gaussian_noise_to_params(
-            parameters, self.noise_multiplier, self.clipping_norm, self.num_sampled_clients
-        )
+        noise = (self.noise_multiplier, self.clipping_norm, self.num_sampled_clients)
+        return self.stepped_after_noise(add_gaussian_noise_to_params(parameters, *noise))
 
 
 def with_client_dp(strategy: FedcondStrategy, config: RunConfig) -> Strategy:
@@ -161,6 +189,7 @@ def with_client_dp(strategy: FedcondStrategy, config: RunConfig) -> Strategy:
     if mode == "off":
         return strategy
     wrapper = ServerSideClientDp if mode == "server-side" else ClientSideClientDp
+    cast(AveragesOneModel, strategy.method).defers_server_step = True
     return wrapper(
         strategy, CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config),
         clients_per_round(config),
