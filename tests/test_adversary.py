@@ -239,3 +239,21 @@ def test_a_secaggplus_client_refuses_a_plain_round_and_never_lets_secaggplus_cli
     assert outcome.mean is None and outcome.contributors == []  # nobody sent: the protocol stopped
     reasons = [reason for _, reason in outcome.dropped.values()]
     assert len(reasons) == 6 and all("exceeds secagg-clipping-range=0.01" in reason for reason in reasons)
+
+
+@pytest.mark.parametrize("head", ["average", "ridge"])
+def test_the_attack_on_a_methods_real_replies_recovers_each_clients_fingerprint(head):
+    """benchmarks/attack_messages.py reads the fingerprint out of what the clients' own ClientApp
+    clients send in round 1: from the conditioned layer's update, or from row 0 of a ridge reply."""
+    from tests.scripts import load_script
+
+    attack = load_script("benchmarks/attack_messages.py")
+    settings = {"method": "scaled-hyper", "head-fit": head, "num-clusters": 2, "clients-per-cluster": 2,
+                "data-fraction": 0.2, "local-epochs": 1}  # fmt: skip
+    cells = attack.views(settings, clip=1.0, noises=[1.0], repeats=1)
+    assert float(cells[0]) == pytest.approx(1.0, abs=1e-3)  # each client's reply, attacked alone
+    assert 0.0 < float(cells[1]) < 1.0  # the mean of four replies mixes them
+    if head == "ridge":
+        assert cells[2:] == ["refused", "refused"]  # no client-level DP for head-fit products
+    else:
+        assert float(cells[2]) == pytest.approx(1.0, abs=1e-3)  # clipping scales the update: still exact
