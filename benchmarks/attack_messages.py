@@ -136,11 +136,11 @@ def views(settings: dict[str, object], clip: float, noises: Sequence[float], rep
                 for reply, truth in zip(clips, conditions, strict=True)]  # fmt: skip
     cells.append(f"{np.mean(dp_alone):.3f}")
     uniform = weighted_mean(clips, [1.0] * len(clips))  # client-dp averages uniformly
-    return [*cells, *(published(template, sent, uniform, conditions, noise * clip, repeats) for noise in noises)]
+    return [*cells, *(published(template, sent, uniform, conditions, noise, clip, repeats) for noise in noises)]
 
 
 def published(
-    template: torch.nn.Module, sent: Model, mean: Model, conditions: Sequence[np.ndarray], noise_times_clip: float,
+    template: torch.nn.Module, sent: Model, mean: Model, conditions: Sequence[np.ndarray], noise: float, clip: float,
     repeats: int,
 ) -> str:  # fmt: skip
     """The attack on ``mean`` plus Flower's noise (std noise x clip / clients): its best cosine with
@@ -148,7 +148,7 @@ def published(
     best = []
     for _ in range(repeats):
         model = [np.asarray(array, dtype=np.float64).copy() for array in mean]
-        add_gaussian_noise_inplace(model, compute_stdv(noise_times_clip, 1.0, len(conditions)))
+        add_gaussian_noise_inplace(model, compute_stdv(noise, clip, len(conditions)))
         best.append(max(cosine_similarity(recovered(template, sent, model, False), truth) for truth in conditions))
     return f"{np.mean(best):.3f}"
 
@@ -158,7 +158,7 @@ def chance(settings: dict[str, object], noises: Sequence[float], clip: float, re
     with tempfile.TemporaryDirectory() as results_dir:
         sent, _, _, conditions, _ = round_one(settings, results_dir)
     template = template_of(settings)
-    return [published(template, sent, sent, conditions, noise * clip, repeats) for noise in noises]
+    return [published(template, sent, sent, conditions, noise, clip, repeats) for noise in noises]
 
 
 def candidates(grid: Path) -> list[tuple[str, dict[str, object]]]:
