@@ -28,7 +28,7 @@ from fedcond.tools.experiment import (
     tidy_rows,
     write_metrics,
 )
-from fedcond.tools.report import confidence_half_width, paper_table, render, summarise
+from fedcond.tools.report import confidence_half_width, paper_table, render, summarise, summary_table
 
 ALL_GRIDS = sorted((Path(__file__).resolve().parent.parent / "experiments" / "grids").glob("*.toml"))
 # One grid file per table of the paper; the fingerprint study's grids follow its own budget.
@@ -261,6 +261,35 @@ def test_the_best_round_under_sampling_is_one_every_client_scored():
     extra = [row | {"round": "3", "clients_evaluated": "10", "accuracy": "0.5"} for row in rows if row["round"] == "2"]
     (oracle,) = summarise(rows + extra)
     assert (oracle.best_round, oracle.best_accuracy) == (2, pytest.approx(0.92))
+
+
+def with_validation(rows: list[dict[str, str]], scores: dict[str, float]) -> list[dict[str, str]]:
+    """The rows with a validation score per method whose order is the reverse of the test score's."""
+    return [row | {"validation_accuracy": str(scores[row["method"]])} for row in rows]
+
+
+def test_runs_with_validation_are_ranked_by_it_not_by_the_test_score():
+    """Oracle leads on test; FedAvg on validation, which is what a choice reads."""
+    rows = with_validation([r for r in synthetic_rows() if r["num_clusters"] == "2"], {"fedavg": 0.8, "oracle": 0.7})
+    assert [s.method for s in summarise(rows)] == ["fedavg", "oracle"]
+    assert "| rank (by validation) | method" in summary_table(summarise(rows))
+    assert [s.method for s in summarise(synthetic_rows()[:8])] == ["oracle", "fedavg"]  # without: by test
+
+
+def test_a_sweep_with_validation_has_each_table_on_validation_too(tmp_path):
+    rows = with_validation(synthetic_rows(), {"fedavg": 0.8, "oracle": 0.7})
+    with (tmp_path / "metrics.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    spec = TableSpec(columns=("num-clusters",), groups="dataset", title="E1")
+    render(tmp_path, "E1 quick", "sweep", [spec], ["dataset", "scenario", "num_clusters"], [])
+    tables = (tmp_path / "tables.md").read_text()
+    test_part, validation_part = tables.split("## E1, on validation")
+    assert "| oracle | **0.920 ± " in test_part
+    assert "| fedavg | **0.800 ± 0.000** | **0.800 ± 0.000** |" in validation_part
+    assert "| oracle | 0.700 ± 0.000 | 0.700 ± 0.000 |" in validation_part
+    assert (tmp_path / "table-1-validation.png").stat().st_size > 10_000
 
 
 def test_paper_table_puts_methods_down_and_k_across_with_the_best_in_bold():

@@ -46,6 +46,12 @@ METRIC_NAMES = frozenset((*METRIC_COLUMNS, *OPTIONAL_METRIC_COLUMNS))
 # The paper's names for the axes its tables sweep.
 SHORT_NAMES = {"num-clusters": "K", "clients-per-cluster": "clients/cluster"}
 DRIFT_FIGURE = "drift.png"
+#: What a paper-layout table's cells can show: the training clients' and the held-out clients' columns.
+#: Validation (``validation-fraction``) is what settings are chosen on; test is what is reported.
+SCORES = {
+    "test": ("accuracy", "heldout_accuracy"),
+    "validation": ("validation_accuracy", "heldout_validation_accuracy"),
+}
 
 
 def read_metrics(path: Path) -> list[Row]:
@@ -226,7 +232,20 @@ def summarise(rows: Sequence[Row]) -> list[MethodSummary]:
             )
         )
     sign = 1 if lower else -1
-    return sorted(summaries, key=lambda s: sign * s.final_mean if math.isfinite(s.final_mean) else math.inf)
+    # Runs that hold out validation data are ranked by it: a ranking is a choice, and settings are
+    # chosen on validation, never on the test score the table also reports.
+    by_validation = ranked_by_validation(summaries)
+
+    def key(summary: MethodSummary) -> float:
+        score = summary.final_validation if by_validation else summary.final_mean
+        return sign * score if math.isfinite(score) else math.inf
+
+    return sorted(summaries, key=key)
+
+
+def ranked_by_validation(summaries: Sequence[MethodSummary]) -> bool:
+    """Whether every method measured validation accuracy (``validation-fraction``), so ranks read it."""
+    return bool(summaries) and all(math.isfinite(s.final_validation) for s in summaries)
 
 
 def format_accuracy(mean: float, half_width: float = math.nan) -> str:
@@ -295,7 +314,8 @@ def summary_table(
     with_validation = any(math.isfinite(s.final_validation) for s in summaries)
     with_heldout_validation = any(math.isfinite(s.final_heldout_validation) for s in summaries)
     with_paper = _with_paper(paper)
-    header = ["rank", "method", "seeds", f"final {metric}"] + ["paper", "Δ vs paper"] * with_paper
+    rank = "rank (by validation)" if ranked_by_validation(summaries) else "rank"
+    header = [rank, "method", "seeds", f"final {metric}"] + ["paper", "Δ vs paper"] * with_paper
     header += ["worst client"] * with_worst + ["best (round)", "wall s", "MB down", "MB up"]
     header += ["ARI"] * with_ari + [f"held-out {metric}"] * with_heldout + ["worst held-out"] * with_heldout_worst
     header += ["held-out after newcomer-steps"] * with_adapted + ["drifting clients"] * with_drift
@@ -632,9 +652,11 @@ class TableData:
     columns: list[tuple[str, ...]]
     finals: dict[tuple[str, ...], list[Row]]
     grouped: bool
+    #: What a cell shows: a key of ``SCORES`` (the test score, or the validation share's).
+    score: str = "test"
 
     @classmethod
-    def of(cls, rows: Sequence[Row], spec: TableSpec) -> TableData:
+    def of(cls, rows: Sequence[Row], spec: TableSpec, score: str = "test") -> TableData:
         """Collect from tidy rows; the spec's axes are run-config keys, the tidy file's are snake_case."""
         columns = [column_name(axis) for axis in spec.columns]
         groups = column_name(spec.groups) if spec.groups else None
@@ -646,6 +668,7 @@ class TableData:
             columns=_ordered(tuple(row[c] for c in columns) for row in rows) if columns else [()],
             finals=_final_rows(rows, keys),
             grouped=groups is not None,
+            score=score,
         )
 
     def cell_rows(self, row: str, group: str, values: tuple[str, ...]) -> list[Row]:
@@ -653,19 +676,21 @@ class TableData:
         return self.finals.get((row, *([group] if self.grouped else []), *values), [])
 
     def cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
-        """Final accuracies (one per run, so one per seed) of one cell; empty where nothing ran."""
-        return [as_float(final["accuracy"]) for final in self.cell_rows(row, group, values)]
+        """Final scores (one per run, so one per seed) of one cell; empty where nothing ran."""
+        column = SCORES[self.score][0]
+        return [as_float(final.get(column, "")) for final in self.cell_rows(row, group, values)]
 
     def heldout_cell(self, row: str, group: str, values: tuple[str, ...]) -> list[float]:
-        """Final accuracies of the held-out clients (never trained) of one cell; empty without them."""
-        finals = [as_float(final.get("heldout_accuracy", "")) for final in self.cell_rows(row, group, values)]
+        """Final scores of the held-out clients (never trained) of one cell; empty without them."""
+        column = SCORES[self.score][1]
+        finals = [as_float(final.get(column, "")) for final in self.cell_rows(row, group, values)]
         # A run without held-out clients stays in the list as NaN: the cell's mean says it is over fewer.
         return finals if any(math.isfinite(value) for value in finals) else []
 
     @property
     def has_heldout(self) -> bool:
         finals = (final for cell in self.finals.values() for final in cell)
-        return any(math.isfinite(as_float(final.get("heldout_accuracy", ""))) for final in finals)
+        return any(math.isfinite(as_float(final.get(SCORES[self.score][1], ""))) for final in finals)
 
     def header(self, group: str, values: tuple[str, ...]) -> str:
         label = ", ".join(f"{name}={value}" for name, value in zip(self.axis_names, values, strict=True))
@@ -682,15 +707,16 @@ def paper_table(rows: Sequence[Row], spec: TableSpec) -> str:
     return _paper_table(rows, spec)[0]
 
 
-def _paper_table(rows: Sequence[Row], spec: TableSpec) -> tuple[str, dict[str, PaperMatch]]:
-    """The table and the paper's counterpart of each cell, labelled "row header"."""
-    data = TableData.of(rows, spec)
+def _paper_table(rows: Sequence[Row], spec: TableSpec, score: str = "test") -> tuple[str, dict[str, PaperMatch]]:
+    """The table and the paper's counterpart of each cell, labelled "row header" (none for a validation
+    table: the paper has no validation numbers)."""
+    data = TableData.of(rows, spec, score)
     slots = [(group, values) for group in data.groups for values in data.columns]
     matches = {
         f"{row} {data.header(*slot)}": paper_match(data.cell_rows(row, *slot))
         for row in data.rows
         for slot in slots
-        if data.cell_rows(row, *slot)
+        if data.cell_rows(row, *slot) and score == "test"
     }
     with_paper = _with_paper(matches)
     held = data.has_heldout
@@ -746,10 +772,10 @@ def class_table(rows: Sequence[Row], spec: TableSpec) -> str:
     return "\n".join(lines)
 
 
-def table_figure(rows: Sequence[Row], spec: TableSpec, path: Path, title: str) -> Path:
+def table_figure(rows: Sequence[Row], spec: TableSpec, path: Path, title: str, score: str = "test") -> Path:
     """The table as a figure: final accuracy vs the column axis, one line per method, one panel per group."""
     plt = _figure()
-    data = TableData.of(rows, spec)
+    data = TableData.of(rows, spec, score)
     figure, panels = plt.subplots(1, len(data.groups), figsize=(5 * len(data.groups) + 1, 4.5), squeeze=False,
                                   sharey=True)  # fmt: skip
     x = np.arange(len(data.columns))
@@ -763,7 +789,7 @@ def table_figure(rows: Sequence[Row], spec: TableSpec, path: Path, title: str) -
         panel.set_title(group or title)
         panel.set_ylim(0, 1)
         panel.grid(alpha=0.3)
-    panels[0][0].set_ylabel("final mean client test accuracy")
+    panels[0][0].set_ylabel(f"final mean client {score} accuracy")
     panels[0][-1].legend(loc="lower left", fontsize="small")
     figure.suptitle(title)
     figure.tight_layout()
@@ -794,7 +820,30 @@ def tables_markdown(rows: Sequence[Row], specs: Sequence[TableSpec], title: str,
         parts += ["", f"## {spec.title or f'Table {number}'}", "", table, *legend_markdown(legend)]
         if figure:
             parts += ["", f"![{spec.title or f'Table {number}'}]({figure.name})"]
+        if has_validation(rows):
+            heading = spec.title or f"Table {number}"
+            parts += validation_section(rows, spec, heading, out / f"table-{number}-validation.png")
     return "\n".join(parts) + "\n"
+
+
+def has_validation(rows: Sequence[Row]) -> bool:
+    """Whether some run held out validation data (``validation-fraction``) and scored it."""
+    return any(math.isfinite(as_float(row.get(SCORES["validation"][0], ""))) for row in rows)
+
+
+def validation_section(rows: Sequence[Row], spec: TableSpec, title: str, figure_path: Path) -> list[str]:
+    """A table's twin on the validation share, what its settings are chosen on (no paper column: the
+    paper has no validation numbers), with its figure."""
+    heading = f"{title}, on validation"
+    figure = table_figure(rows, spec, figure_path, heading, score="validation")
+    table, _ = _paper_table(rows, spec, score="validation")
+    legend = [
+        *seeds_lines(rows, spec),
+        "Cells: the final round's validation accuracy (validation-fraction: a held-out share of each client's "
+        "training data, never trained on), what settings are chosen on; held-out columns: the newcomers' "
+        "validation share; n/a: a run without validation.",
+    ]
+    return ["", f"## {heading}", "", table, *legend_markdown(legend), "", f"![{heading}]({figure.name})"]
 
 
 def seeds_lines(rows: Sequence[Row], spec: TableSpec) -> list[str]:
