@@ -35,7 +35,11 @@ from fedcond.tools.report import confidence_half_width
 CLAIMS_FILE = "paper/claims.toml"
 #: The kinds of claim and the verdict rule of each (``verdict``).
 KINDS = ("matches", "beats")
+#: A declared comparison's kind: no direction claimed, the verdict says which way the interval lies.
+COMPARES = "compares"
 PROTOCOLS = ("pooled", "federated")
+#: What an answer pairs: the training clients' final accuracy, or the newcomers' (held out, never trained).
+SCORES = {"participants": "accuracy", "newcomers": "heldout_accuracy"}
 #: The fewest seeds a claim may declare: fewer give an interval too wide to decide anything.
 MINIMUM_SEEDS = 3
 #: The fewest for a claim whose verdict the README shows (its generated lines show every claim of a
@@ -68,6 +72,8 @@ class Answer:
     setting: str
     subject: Side
     reference: Side
+    #: A key of ``SCORES``: whose final accuracy is paired.
+    score: str = "participants"
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,8 @@ class Claim:
     #: A ``beats`` claim's range as the paper states it (points, low and high): the verdict says
     #: where the interval lies against it.
     paper_range: tuple[float, float] | None = None
+    #: A declared comparison (kind ``compares``) whose verdict the README shows.
+    headline: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,12 +109,19 @@ class Claims:
     path: Path
     claims: tuple[Claim, ...]
     choices: tuple[Choice, ...] = field(default=())
+    #: Declared like-for-like comparisons (``[[comparison]]``): our questions, not the paper's claims.
+    comparisons: tuple[Claim, ...] = field(default=())
 
     @functools.cached_property
     def measured(self) -> tuple[tuple[Claim, tuple[Measured, ...]], ...]:
         """Every claim with each of its answers measured, once: the verdict table and the README's
         lines both read them."""
         return tuple((claim, tuple(measure(claim, answer) for answer in claim.answers)) for claim in self.claims)
+
+    @functools.cached_property
+    def compared(self) -> tuple[Measured, ...]:
+        """Every declared comparison measured (each has one answer), in the file's order."""
+        return tuple(measure(comparison, comparison.answers[0]) for comparison in self.comparisons)
 
 
 def _strings(mapping: Any, where: str) -> dict[str, str]:
@@ -126,15 +141,18 @@ def paper_range_text(paper_range: tuple[float, float]) -> str:
     return f"+{paper_range[0]:g}-{paper_range[1]:g}"
 
 
-def minimum_seeds(experiment: str, readme: bool) -> int:
-    """The fewest seeds ``experiment``'s claim may declare (``readme``: its verdict goes into a README)."""
-    return HEADLINE_MINIMUM_SEEDS if readme or experiment in FIVE_SEEDS_ALWAYS else MINIMUM_SEEDS
+def minimum_seeds(experiment: str, readme: bool, always: Sequence[str] = FIVE_SEEDS_ALWAYS) -> int:
+    """The fewest seeds ``experiment``'s claim may declare (``readme``: its verdict goes into a README;
+    ``always``: the experiments that need the headline minimum in any case)."""
+    return HEADLINE_MINIMUM_SEEDS if readme or experiment in always else MINIMUM_SEEDS
 
 
-def _declared_seeds(entry: Mapping[str, Any], experiment: str, where: str, readme: bool) -> int:
-    least = minimum_seeds(experiment, readme)
+def _declared_seeds(
+    entry: Mapping[str, Any], experiment: str, where: str, readme: bool, always: Sequence[str] = FIVE_SEEDS_ALWAYS
+) -> int:
+    least = minimum_seeds(experiment, readme, always)
     why = (
-        "a claim the README shows" if readme else "E4b" if experiment in FIVE_SEEDS_ALWAYS else "a claim"
+        "a claim the README shows" if readme else "E4b" if experiment in always else "a claim"
     ) + f" needs at least {least}"
     if "seeds" not in entry:
         raise FedcondError(
@@ -224,6 +242,10 @@ def load_claims(path: Path, readme: bool = False) -> Claims:
                 _declared_range(entry, kind, text, where),
             )
         )
+    comparisons = tuple(
+        _comparison(entry, f"{path}: comparison {number}", base, readme)
+        for number, entry in enumerate(data.get("comparison", []), start=1)
+    )
     choices = tuple(
         Choice(
             str(_required(entry, "shift", f"{path}: choice {number}")),
@@ -233,7 +255,42 @@ def load_claims(path: Path, readme: bool = False) -> Claims:
         )
         for number, entry in enumerate(data.get("choice", []), start=1)
     )
-    return Claims(path, tuple(claims), choices)
+    return Claims(path, tuple(claims), choices, comparisons)
+
+
+#: A ``[[comparison]]``'s keys: what it asks, its seeds, whether the README shows it, and its one answer.
+COMPARISON_KEYS = ("experiment", "question", "seeds", "headline", "folder", "setting", "where", "subject",
+                   "subject-where", "reference", "reference-where", "score")  # fmt: skip
+
+
+def _comparison(entry: Mapping[str, Any], where: str, base: Path, readme: bool) -> Claim:
+    """A declared like-for-like comparison: subject against reference in one results folder, on the
+    participants' or the newcomers' final accuracy, at seeds declared before its runs."""
+    unknown = sorted(set(entry) - set(COMPARISON_KEYS))
+    if unknown:
+        raise FedcondError(f"{where}: unknown keys {unknown}; a comparison has {', '.join(COMPARISON_KEYS)}")
+    experiment = str(_required(entry, "experiment", where))
+    headline = entry.get("headline", False)
+    if not isinstance(headline, bool):
+        raise FedcondError(f"{where}: headline = {headline!r}; write true (the README shows it) or false")
+    score = str(entry.get("score", "participants"))
+    if score not in SCORES:
+        raise FedcondError(f"{where}: score '{score}' is not one of {', '.join(SCORES)}")
+    shared = _strings(entry.get("where", {}), f"{where}.where")
+    answer = Answer(
+        "federated",
+        base / str(_required(entry, "folder", where)),
+        str(_required(entry, "setting", where)),
+        Side(str(_required(entry, "subject", where)), {**shared, **_strings(entry.get("subject-where", {}), where)}),
+        Side(str(_required(entry, "reference", where)),
+             {**shared, **_strings(entry.get("reference-where", {}), where)}),
+        score,
+    )  # fmt: skip
+    # Seeds: at least MINIMUM_SEEDS, and the headline minimum for one the README shows (whatever
+    # the experiment: the like-for-like protocol declares 3 seeds for E4b's competitors).
+    seeds = _declared_seeds(entry, experiment, where, readme and headline, always=())
+    return Claim(experiment, str(_required(entry, "question", where)), COMPARES, 0.0, "", (answer,), seeds,
+                 headline=headline)  # fmt: skip
 
 
 def metrics_rows(folder: Path) -> list[dict[str, str]]:
@@ -299,8 +356,8 @@ class Measured:
         return next(head for head in OUTCOMES if self.verdict.startswith(head))
 
 
-#: A verdict starts with one of these.
-OUTCOMES = ("holds", "does not hold", "not established", "pending")
+#: A verdict starts with one of these (a claim's; a comparison's are ``above`` and ``below`` besides).
+OUTCOMES = ("holds", "does not hold", "not established", "pending", "above", "below")
 
 
 def _against_range(low: float, high: float, paper_range: tuple[float, float]) -> str:
@@ -329,6 +386,8 @@ def verdict(
     - ``beats``: holds when the interval lies above 0, does not hold when it lies below 0 (or at 0);
       with the paper's range (``paper_range``), a verdict that holds says where the interval lies
       against it (below, within, in part below...);
+    - ``compares`` (a declared comparison, no direction claimed): above when the interval lies above
+      0, below when it lies below 0;
     - else, and always with one seed (no interval), not established at n seeds.
     """
     n = len(differences)
@@ -336,6 +395,8 @@ def verdict(
     if not math.isfinite(half):
         return f"not established at {n} seed{'s' * (n != 1)}"
     mean = float(np.mean(differences))
+    if kind == COMPARES:
+        return "above" if mean - half > 0 else "below" if mean + half < 0 else f"not established at {n} seeds"
     line = -margin if kind == "matches" else 0.0
     if mean - half > line:
         if kind == "beats" and paper_range is not None:
@@ -348,19 +409,22 @@ def verdict(
 
 def measure(claim: Claim, answer: Answer) -> Measured:
     """``answer``'s runs paired seed by seed on the claim's declared seeds (0 to ``claim.seeds`` - 1):
-    a verdict where both sides ran all of them, ``pending: k of N declared seeds`` where not; a side
-    with no finished run at all is a one-line error."""
-    rows = metrics_rows(answer.folder)
-    subject = final_by_seed(rows, answer.subject)
-    reference = final_by_seed(rows, answer.reference)
+    a verdict where both sides ran all of them, ``pending: k of N declared seeds`` where not; a claim's
+    side with no finished run at all is a one-line error (a comparison is declared before its runs:
+    pending)."""
+    declared_first = claim.kind == COMPARES
+    rows = metrics_rows(answer.folder) if not declared_first or (answer.folder / METRICS_FILE).is_file() else []
+    column = SCORES[answer.score]
+    subject = final_by_seed(rows, answer.subject, column)
+    reference = final_by_seed(rows, answer.reference, column)
     for name, values in (("subject", answer.subject), ("reference", answer.reference)):
-        if not (subject if name == "subject" else reference):
+        if not (subject if name == "subject" else reference) and not declared_first:
             raise FedcondError(
                 f"{claim.experiment} ({answer.protocol}): no finished run of {values.method} where "
                 f"{dict(values.where)} in {answer.folder}; fix the claims file or run it"
             )
     paired = sorted(set(subject) & set(reference), key=int)
-    if not paired:
+    if not paired and not declared_first:
         raise FedcondError(f"{claim.experiment} ({answer.protocol}): subject and reference share no seed")
     declared = [str(seed) for seed in range(claim.seeds)]
     seeds = [seed for seed in declared if seed in paired]
@@ -394,6 +458,18 @@ def _difference(measured: Measured) -> str:
         return "—"
     half = measured.half_width
     return f"{measured.difference:+.2f}" + (f" ± {half:.2f}" if math.isfinite(half) else "")
+
+
+def _folder_link(folder: Path, base: Path) -> str:
+    """A results folder's link, or its name and that it has not run (a comparison declared before its runs)."""
+    return f"[{folder.name}]({_link(folder, base)})" if folder.is_dir() else f"{folder.name}, not run yet"
+
+
+def _compared(measured: Measured) -> str:
+    """A comparison as the README says it: pending with the seeds run, or the verdict and its interval."""
+    if measured.pending:
+        return f"pending ({len(measured.seeds)} of {measured.declared} seeds)"
+    return f"{measured.verdict}, {_difference(measured)} points ({_seeds(len(measured.seeds))})"
 
 
 def _mean(value: float) -> str:
@@ -440,22 +516,70 @@ def claims_table(claims: Claims, base: Path) -> list[str]:
     return lines
 
 
+def _missing_sides(measured: Measured) -> str:
+    """The declared seeds each side of a pending answer has still to run."""
+    answer = measured.answer
+    return "; ".join(
+        f"{role} {side.method}, seed{'s' * (len(missing) > 1)} {seed_list(missing)}"
+        for role, side, missing in (("subject", answer.subject, measured.subject_missing),
+                                    ("reference", answer.reference, measured.reference_missing))
+        if missing
+    )  # fmt: skip
+
+
 def pending_lines(claims: Claims) -> list[str]:
     """Markdown: for each pending answer, the declared seeds each side has still to run."""
-    lines = []
-    for claim, answers in claims.measured:
-        for measured in answers:
-            if not measured.pending:
-                continue
-            answer = measured.answer
-            sides = [
-                f"{role} {side.method}, seed{'s' * (len(missing) > 1)} {seed_list(missing)}"
-                for role, side, missing in (("subject", answer.subject, measured.subject_missing),
-                                            ("reference", answer.reference, measured.reference_missing))
-                if missing
-            ]  # fmt: skip
-            lines.append(f"- {claim.experiment}, {answer.protocol}: {'; '.join(sides)}.")
-    return lines
+    return [
+        f"- {claim.experiment}, {measured.answer.protocol}: {_missing_sides(measured)}."
+        for claim, answers in claims.measured
+        for measured in answers
+        if measured.pending
+    ]
+
+
+def comparisons_markdown(claims: Claims, base: Path) -> list[str]:
+    """The declared like-for-like comparisons' section of REPRODUCTION.md (none without any)."""
+    if not claims.comparisons:
+        return []
+    lines = [
+        "## Like for like: the declared comparisons",
+        "",
+        "Our own questions, not the paper's claims: each comparison in [claims.toml]"
+        f"({_link(claims.path, base)})'s `[[comparison]]` entries, declared with its seed count before its runs "
+        "([the protocol](../docs/comparisons.md)), every arm with the same server optimiser and budget. The "
+        "subject's final accuracy minus the reference's, paired seed by seed, with the 95% Student-t half-width "
+        "of the mean; participants are the training clients, newcomers the held-out clients (never trained). "
+        "*above* or *below*: the whole interval lies above or below 0; else not established; *pending* until "
+        "both sides have run every declared seed, whichever way it then falls.",
+        "",
+        "| question | setting (results) | score | subject | reference | difference, points (95% t) "
+        "| seeds run of those declared | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for comparison, measured in zip(claims.comparisons, claims.compared, strict=True):
+        answer = measured.answer
+        lines.append(
+            "| " + " | ".join([
+                f"{comparison.experiment}: {comparison.text}",
+                f"{answer.setting} ({_folder_link(answer.folder, base)})",
+                answer.score,
+                f"{answer.subject.method} {_mean(measured.subject_mean)}",
+                f"{answer.reference.method} {_mean(measured.reference_mean)}",
+                _difference(measured),
+                f"{len(measured.seeds)} of {measured.declared}",
+                f"**{measured.verdict}**",
+            ]) + " |"
+        )  # fmt: skip
+    pending = [
+        f"- {comparison.experiment}: {comparison.text}: {_missing_sides(measured)}."
+        for comparison, measured in zip(claims.comparisons, claims.compared, strict=True)
+        if measured.pending
+    ]
+    return [
+        *lines,
+        "",
+        *(["Pending: the declared seeds each side has still to run.", "", *pending, ""] if pending else []),
+    ]
 
 
 def post_hoc_lines(claims: Claims) -> list[str]:
@@ -504,6 +628,7 @@ def verdicts_markdown(claims: Claims, base: Path) -> list[str]:
         "",
         *(["Pending: the declared seeds each side has still to run.", "", *pending, ""] if pending else []),
         *(["Post hoc: seeds beyond those declared, never part of a verdict.", "", *post_hoc, ""] if post_hoc else []),
+        *comparisons_markdown(claims, base),
     ]
 
 
@@ -635,6 +760,16 @@ def readme_block(claims: Claims, base: Path, report: Path) -> str:
         said = "; ".join(f"{outcome}: {', '.join(outcomes[outcome])}" for outcome in OUTCOMES if outcome in outcomes)
         name = "Pooled, the paper's protocol" if protocol == "pooled" else "In federated rounds"
         lines.append(f"- **{name}**: {said}.")
+    headlines = [
+        f"{comparison.experiment} {comparison.text}: {_compared(measured)}"
+        for comparison, measured in zip(claims.comparisons, claims.compared, strict=True)
+        if comparison.headline
+    ]
+    if headlines:
+        lines.append(
+            "- **Like for like** (every arm with the same server optimiser and budget; subject minus reference, "
+            f"paired by seed, 95% t): {'; '.join(headlines)}."
+        )
     lines += [
         "- Each claim declares before its runs how many seeds its verdict reads, and is pending until both "
         "sides have run them all; (k of n seeds): those run of the n declared. Each claim, its numbers and "
