@@ -404,10 +404,8 @@ def test_a_comparison_goes_into_the_reproduction_and_the_readme_when_it_is_a_hea
     claims = load_claims(claims_file(tmp_path, COMPARISON.replace("newcomers", "participants")))
     section = "\n".join(verdicts_markdown(claims, tmp_path))
     assert "## Like for like: the declared comparisons" in section
-    assert (
-        "| participants | recommended 0.910 | oracle 0.900 | +1.00 | 1 of 3 | **pending: 1 of 3 declared seeds** |"
-        in section
-    )
+    assert "| recommended 0.910 | oracle 0.900 | +1.00 | 1 of 3 | **pending: 1 of 3 declared seeds** |" in section
+    assert "| E4b: the recommended method against Oracle | participants | digits ([e4b](results/e4b)) |" in section
     assert (
         "- E4b: the recommended method against Oracle: subject recommended, seeds 1, 2; reference oracle, seeds 1, 2."
         in section

@@ -276,12 +276,15 @@ def test_runs_with_validation_are_ranked_by_it_not_by_the_test_score():
     assert [s.method for s in summarise(synthetic_rows()[:8])] == ["oracle", "fedavg"]  # without: by test
 
 
-def test_a_sweep_with_validation_has_each_table_on_validation_too(tmp_path):
-    rows = with_validation(synthetic_rows(), {"fedavg": 0.8, "oracle": 0.7})
-    with (tmp_path / "metrics.csv").open("w", newline="") as handle:
+def write_rows(folder: Path, rows: list[dict[str, str]]) -> None:
+    with (folder / "metrics.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def test_a_sweep_with_validation_has_each_table_on_validation_too(tmp_path):
+    write_rows(tmp_path, with_validation(synthetic_rows(), {"fedavg": 0.8, "oracle": 0.7}))
     spec = TableSpec(columns=("num-clusters",), groups="dataset", title="E1")
     render(tmp_path, "E1 quick", "sweep", [spec], ["dataset", "scenario", "num_clusters"], [])
     tables = (tmp_path / "tables.md").read_text()
@@ -301,11 +304,7 @@ def test_paper_table_puts_methods_down_and_k_across_with_the_best_in_bold():
 
 
 def test_sweep_reports_and_figures_come_from_the_tidy_file(tmp_path):
-    rows = synthetic_rows()
-    with (tmp_path / "metrics.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(tmp_path, synthetic_rows())
     spec = TableSpec(columns=("num-clusters",), groups="dataset", title="E1")
     render(tmp_path, "E1 quick", "sweep", [spec], ["dataset", "scenario", "num_clusters"], [])
     tables = (tmp_path / "tables.md").read_text()

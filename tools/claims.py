@@ -499,21 +499,22 @@ def claims_table(claims: Claims, base: Path) -> list[str]:
         anchor = "#" + claim.section.split("#", 1)[1] if "#" in claim.section else ""
         title = f"[{claim.experiment}]({section}{anchor}): {claim.text}"
         for index, measured in enumerate(answers):
-            answer = measured.answer
-            folder = _link(answer.folder, base)
-            lines.append(
-                "| " + " | ".join([
-                    title if index == 0 else "",
-                    answer.protocol,
-                    f"{answer.setting} ([{answer.folder.name}]({folder}))",
-                    f"{answer.subject.method} {_mean(measured.subject_mean)}",
-                    f"{answer.reference.method} {_mean(measured.reference_mean)}",
-                    _difference(measured),
-                    f"{len(measured.seeds)} of {measured.declared}",
-                    f"**{measured.verdict}**",
-                ]) + " |"
-            )  # fmt: skip
+            cells = [title if index == 0 else "", measured.answer.protocol, *_answer_cells(measured, base)]
+            lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _answer_cells(measured: Measured, base: Path) -> list[str]:
+    """An answer's cells: setting (results), ours, reference, difference, seeds run, verdict."""
+    answer = measured.answer
+    return [
+        f"{answer.setting} ({_folder_link(answer.folder, base)})",
+        f"{answer.subject.method} {_mean(measured.subject_mean)}",
+        f"{answer.reference.method} {_mean(measured.reference_mean)}",
+        _difference(measured),
+        f"{len(measured.seeds)} of {measured.declared}",
+        f"**{measured.verdict}**",
+    ]
 
 
 def _missing_sides(measured: Measured) -> str:
@@ -552,24 +553,13 @@ def comparisons_markdown(claims: Claims, base: Path) -> list[str]:
         "*above* or *below*: the whole interval lies above or below 0; else not established; *pending* until "
         "both sides have run every declared seed, whichever way it then falls.",
         "",
-        "| question | setting (results) | score | subject | reference | difference, points (95% t) "
+        "| question | score | setting (results) | subject | reference | difference, points (95% t) "
         "| seeds run of those declared | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for comparison, measured in zip(claims.comparisons, claims.compared, strict=True):
-        answer = measured.answer
-        lines.append(
-            "| " + " | ".join([
-                f"{comparison.experiment}: {comparison.text}",
-                f"{answer.setting} ({_folder_link(answer.folder, base)})",
-                answer.score,
-                f"{answer.subject.method} {_mean(measured.subject_mean)}",
-                f"{answer.reference.method} {_mean(measured.reference_mean)}",
-                _difference(measured),
-                f"{len(measured.seeds)} of {measured.declared}",
-                f"**{measured.verdict}**",
-            ]) + " |"
-        )  # fmt: skip
+        cells = [f"{comparison.experiment}: {comparison.text}", measured.answer.score, *_answer_cells(measured, base)]
+        lines.append("| " + " | ".join(cells) + " |")
     pending = [
         f"- {comparison.experiment}: {comparison.text}: {_missing_sides(measured)}."
         for comparison, measured in zip(claims.comparisons, claims.compared, strict=True)
