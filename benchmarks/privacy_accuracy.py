@@ -72,6 +72,8 @@ SETTINGS: dict[str, dict[str, object]] = {
     "fedavg-client-dp1": {"method": "fedavg", "client-dp": "server-side", "client-dp-noise-multiplier": 1.0},
     "conditional-client-dp0.1": {
         "method": "conditional", "client-dp": "client-side", "client-dp-noise-multiplier": 0.1,
+        # The digits clients' (f, f^2) have norms of 2.2-3.3: the statistics' sum is noised for 4.
+        "client-dp-statistics-clipping-norm": 4.0,
     },
 }  # fmt: skip
 
@@ -290,15 +292,18 @@ def calibrate(extra: dict[str, object], epsilons: list[float], rounds: int) -> N
 
     print(f"{config.dataset} {config.scenario}, {len(counts)} clients of {min(counts)}-{max(counts)} training "
           f"samples, batch {batch}, {epochs} local epoch(s), {rounds} rounds, delta {delta:g}")  # fmt: skip
-    print("| target epsilon | client-dp-noise-multiplier | dp-noise-multiplier (DP-SGD alone) | "
-          "fingerprint-epsilon, dp-noise-multiplier (conditional) |")  # fmt: skip
-    print("|---|---|---|---|")
+    print("| target epsilon | client-dp-noise-multiplier | the same, conditional (+ its statistics' release) | "
+          "dp-noise-multiplier (DP-SGD alone) | fingerprint-epsilon, dp-noise-multiplier (conditional) |")  # fmt: skip
+    print("|---|---|---|---|---|")
     for target in epsilons:
         client_level = noise_for(lambda z: gaussian_rounds_epsilon(z, rounds, delta), target)
+        # normalisation=federated: one more release of the same multiplier (fedcond/federation/client_dp.py).
+        with_statistics = noise_for(lambda z: gaussian_rounds_epsilon(z, rounds + 1, delta), target)
         alone = noise_for(worst, target)
         fingerprint_noise = gaussian_noise_multiplier(target / 2, delta)
         with_fingerprint = noise_for(lambda z, f=fingerprint_noise: worst(z, f), target)
-        print(f"| {target:g} | {client_level:.3f} | {alone:.3f} | {target / 2:g}, {with_fingerprint:.3f} |", flush=True)
+        print(f"| {target:g} | {client_level:.3f} | {with_statistics:.3f} | {alone:.3f} | "
+              f"{target / 2:g}, {with_fingerprint:.3f} |", flush=True)  # fmt: skip
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from flwr.common import ArrayRecord
 from fedcond.data.client_data import ClientData, cached_client_data, client_fingerprint
 from fedcond.data.scenarios import scenario_for
 from fedcond.federation.client import FedcondClient, Fitted
+from fedcond.federation.client_dp import CLIENT_DP_STATISTICS_CLIPPING_NORM, client_dp_mode
 from fedcond.federation.messages import (
     FINGERPRINT_MEAN,
     FINGERPRINT_STD,
@@ -113,8 +114,12 @@ class ConditionalClient(FedcondClient):
 
     def statistics_contribution(self) -> Fitted:
         """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1
-        (a training instruction that only SecAgg+'s mod delivers: fedcond/federation/secagg_mod.py)."""
-        return [statistics_encoding.encode(statistics_encoding.statistics_vector(self.raw_fingerprint()))], 1, {}
+        (a training instruction that only SecAgg+'s mod delivers: fedcond/federation/secagg_mod.py).
+        Under client-level DP, (f, f^2) clipped to client-dp-statistics-clipping-norm: the server noises
+        the sum for that bound."""
+        clip = CLIENT_DP_STATISTICS_CLIPPING_NORM.of(self.run_config) if client_dp_mode(self.run_config) != "off" else 0
+        vector = statistics_encoding.statistics_vector(self.raw_fingerprint(), clip)
+        return [statistics_encoding.encode(vector)], 1, {}
 
 
 #: The class the ClientApp finds for this method by its name (fedcond.federation.client_app.client_class).

@@ -17,7 +17,7 @@ from flwr.server.client_manager import ClientManager
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.federation.client_dp import CLIENT_DP
+from fedcond.federation.client_dp import CLIENT_DP, client_dp_mode, noised_sum
 from fedcond.federation.declaration import ALWAYS_SUMMED, Declaration, Facts, Release
 from fedcond.federation.membership import PartitionProxy
 from fedcond.federation.messages import (
@@ -115,8 +115,13 @@ class ConditionalFedAvg(FedcondFedAvg):
             model[index] = array
         return model
 
+    @classmethod
+    def released_sums(cls, config: RunConfig) -> int:
+        # The fingerprint statistics' sum, published to every client for federated normalisation.
+        return int(config.normalisation == "federated")
+
     def set_up(self, client_manager: ClientManager) -> None:
-        if self.inputs.config.normalisation == "federated":
+        if self.released_sums(self.inputs.config):
             self.publish_fingerprint_statistics(client_manager)
 
     def publish_fingerprint_statistics(self, client_manager: ClientManager) -> None:
@@ -144,6 +149,9 @@ class ConditionalFedAvg(FedcondFedAvg):
         self.protocol.secure_rounds.check_outcome(outcome, "the fingerprint statistics", failures)
         count = len(outcome.contributors)
         total, total_of_squares = statistics.open_statistics(outcome.mean[0], count)  # type: ignore[index]
+        if client_dp_mode(config) != "off":
+            # Every client receives the statistics: client-level DP noises their sums (the count is public).
+            total, total_of_squares = noised_sum([total, total_of_squares], config)
         if len(total) != dim:
             raise FedcondError(f"the secure sum gave {len(total)} statistics, expected {dim}; fingerprint-dim differs")
         mean, std = fp.mean_and_std(total, total_of_squares, count)

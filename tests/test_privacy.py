@@ -37,6 +37,7 @@ from fedcond.federation.methods import run_config
 from fedcond.federation.server_method import EMPTY, StrategyInputs
 from fedcond.federation.strategy import FedcondStrategy
 from fedcond.fingerprint import fingerprints as fp
+from fedcond.fingerprint import statistics_encoding
 from fedcond.model.conditioning import MECHANISMS, conditions
 from fedcond.model.networks import build_model, build_run_model, get_weights
 from fedcond.model.training import DpSgd, ProximalTerm, TrainSettings, train, train_private
@@ -327,6 +328,7 @@ def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd
         ({"client-dp": "central"}, "unknown client-dp 'central'"),
         ({"method": "gossip", "client-dp": "server-side"}, "averages one global model"),
         ({"client-dp": "client-side", "client-dp-clipping-norm": 0.0}, "client-dp-clipping-norm must be positive"),
+        ({"client-dp": "client-side"}, "set client-dp-statistics-clipping-norm to a bound"),
         ({"method": "pooled-global", "dp-noise-multiplier": 1.0}, "federated methods only"),
         ({"method": "fedavg", "dp-noise-multiplier": 1.0, "resume": "/a/run"}, "its epsilon would restart from 0"),
         # Secure aggregation (fedcond.privacy.secure_aggregation, each strategy's secure_aggregation_refusal).
@@ -363,7 +365,13 @@ def test_dp_settings_that_hold_are_accepted():
         {"fingerprint": "random-id", "dp-noise-multiplier": 1.0},  # a data-free fingerprint needs no noise
         {"method": "fedavg", "secure-aggregation": "secaggplus"},
         {"method": "ditto", "secure-aggregation": "secaggplus", "dp-noise-multiplier": 0.5},
-        {"secure-aggregation": "secaggplus", "client-dp": "client-side", "fingerprint-epsilon": 8.0},
+        {
+            "secure-aggregation": "secaggplus",
+            "client-dp": "client-side",
+            "fingerprint-epsilon": 8.0,
+            "client-dp-statistics-clipping-norm": 2.0,
+        },
+        {"client-dp": "client-side", "normalisation": "none"},  # nothing published: no statistics to noise
         {"method": "gossip", "secagg-min-clients": 16},  # no secure sum in this run: nothing to refuse
     ):
         check_run(run_config(settings))
@@ -552,3 +560,60 @@ def test_the_privacy_plot_reads_each_mechanisms_epsilon_and_lists_the_runs_that_
     ]  # fmt: skip
     plot.figure(list(results.values()), tmp_path / "privacy.png")
     assert (tmp_path / "privacy.png").stat().st_size > 0
+
+
+# -- client-level DP of the fingerprint statistics' sum ------------------------------------------------
+def published_statistics(settings: dict[str, object], results: Path) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The fingerprint mean and std a run's set-up publishes (in process, the secure sum in the clear:
+    SecAgg+ gives the same sum), and run.json's client-level record."""
+    from collections import Counter
+
+    from fedcond.federation.messages import FINGERPRINT_MEAN, FINGERPRINT_STD, array_from_bytes
+    from fedcond.federation.server_app import served_run
+    from fedcond.tools.in_process import InProcessNode, plain_sum
+
+    config = run_config({**settings, "results-dir": str(results), "verbose": False, "num-server-rounds": 2})
+    with served_run(config, None) as (server, strategy, _):
+        inner = getattr(strategy, "strategy", strategy)  # inside Flower's DP wrapper
+        inner.secure_rounds.sum = plain_sum
+        for partition in range(config.resolved().num_clients):
+            server.client_manager().register(InProcessNode(config.resolved(), partition, Counter()))
+        strategy.initialize_parameters(server.client_manager())
+        shared = dict(inner.shared_config)
+    (run_file,) = results.glob("*/run.json")
+    info = json.loads(run_file.read_text())
+    mean = array_from_bytes(shared[FINGERPRINT_MEAN], FINGERPRINT_MEAN)
+    return mean, array_from_bytes(shared[FINGERPRINT_STD], FINGERPRINT_STD), info["privacy"]["client_level"]
+
+
+def test_client_level_dp_clips_noises_and_accounts_the_fingerprint_statistics_it_publishes(tmp_path):
+    settings = {"method": "recommended", "num-clusters": 2, "clients-per-cluster": 2, "data-fraction": 0.2}
+    config = run_config(settings).resolved()
+    raws = np.array([client_fingerprint(config, load_client_data(config, p)) for p in range(4)], dtype=np.float64)
+    exact_mean, _, off = published_statistics(settings, tmp_path / "off")
+    np.testing.assert_allclose(exact_mean, raws.mean(axis=0), atol=1e-9)
+    assert off is None
+    # Refused without the bound: the statistics would be released un-noised.
+    with pytest.raises(FedcondError, match="set client-dp-statistics-clipping-norm") as error:
+        check_run(run_config({**settings, "client-dp": "client-side"}))
+    assert "\n" not in str(error.value)
+    dp = {**settings, "client-dp": "client-side", "client-dp-noise-multiplier": 1.0,
+          "client-dp-statistics-clipping-norm": 0.5}  # fmt: skip
+    np.random.seed(7)  # Flower's generator, which the statistics' noise is drawn from too
+    mean, std, record = published_statistics(dp, tmp_path / "dp")
+    # Each client's (f, f^2) clipped to 0.5, then the sums noised with std 1 x 0.5, in that order.
+    clipped = [statistics_encoding.statistics_vector(raw, 0.5) for raw in raws]
+    assert all(np.linalg.norm(vector[:-1]) <= 0.5 + 1e-12 for vector in clipped)
+    dim = raws.shape[1]
+    np.random.seed(7)
+    noise = [np.random.normal(0, 0.5, dim), np.random.normal(0, 0.5, dim)]
+    total = np.sum(clipped, axis=0)
+    expected_mean, expected_std = fp.mean_and_std(total[:dim] + noise[0], total[dim : 2 * dim] + noise[1], 4)
+    np.testing.assert_allclose(mean, expected_mean, atol=1e-9)
+    np.testing.assert_allclose(std, expected_std, atol=1e-9)
+    assert not np.allclose(mean, exact_mean, atol=1e-3)
+    # Accounted as one more release at rate 1: round r's epsilon is that of r + 1 releases.
+    assert record["released_sums"] == 1 and record["noise_std_on_each_released_sum"] == 0.5
+    assert record["epsilon_by_round"] == [
+        pytest.approx(privacy.gaussian_rounds_epsilon(1.0, rounds + 1, 1e-5), abs=1e-5) for rounds in (1, 2)
+    ]

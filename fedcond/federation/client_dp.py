@@ -25,6 +25,12 @@ What the wrappers take for granted that fedcond must provide, done here rather t
   (``defers_server_step``), the wrapper noises it and then takes the method's step
   (``server_step``). FedAvgM is then post-processing of what DP released, and every averaging arm of a
   comparison can run under DP with the server optimiser it runs without.
+- A method's set-up may publish a sum of every client's statistics (conditional's fingerprint
+  statistics under ``normalisation=federated``, through SecAgg+), which every client then receives:
+  another release of each client's data, which Flower's wrappers never see. Each client clips its
+  contribution to ``client-dp-statistics-clipping-norm``, the server noises the sum with the same
+  multiplier (``noised_sum``), and the accountant composes it as one more release at rate 1
+  (``client_level_epsilons``); a run without that bound is refused (``check_client_dp``).
 - The noise lands on every array, batch norm's running statistics included (they are part of each
   clipped update, so they are covered too); a noised running variance can fall below zero, which
   no network can normalise by. The wrapper sets those values to zero after the noise (post-processing,
@@ -33,6 +39,7 @@ What the wrappers take for granted that fedcond must provide, done here rather t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol, cast
 
@@ -44,7 +51,7 @@ from flwr.server.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
     Strategy,
 )
-from flwr.supercore.differential_privacy import add_gaussian_noise_to_params, compute_stdv
+from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, add_gaussian_noise_to_params, compute_stdv
 
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
@@ -55,7 +62,7 @@ from fedcond.federation.secagg_workflow import SecureSum
 from fedcond.federation.server_method import ServerMethod
 from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model.aggregation import Model
-from fedcond.privacy.dp import DP_DELTA, check_delta, gaussian_rounds_epsilon
+from fedcond.privacy.dp import DP_DELTA, PrivacyLedger, check_delta
 from fedcond.privacy.secure_aggregation import SecureAggregation
 
 CLIENT_DP_MODES = ("off", "server-side", "client-side")
@@ -69,8 +76,16 @@ CLIENT_DP_NOISE_MULTIPLIER = Option(
     "client-dp-noise-multiplier", 1.0, "client-level DP: noise std / clipping norm on the sum of updates", minimum=0
 )
 CLIENT_DP_CLIPPING_NORM = Option("client-dp-clipping-norm", 1.0, "client-level DP: L2 bound of each client's update")
+CLIENT_DP_STATISTICS_CLIPPING_NORM = Option(
+    "client-dp-statistics-clipping-norm",
+    0.0,
+    "client-level DP of a method whose set-up sums statistics of every client (conditional's fingerprint "
+    "statistics under `normalisation=federated`): L2 bound of each client's contribution, whose sum the server "
+    "noises with the same multiplier, accounted as one more release; 0: not set (such a run is refused)",
+    minimum=0.0,
+)
 #: The client-level settings; the registry declares them for every method.
-OPTIONS = (CLIENT_DP, CLIENT_DP_NOISE_MULTIPLIER, CLIENT_DP_CLIPPING_NORM)
+OPTIONS = (CLIENT_DP, CLIENT_DP_NOISE_MULTIPLIER, CLIENT_DP_CLIPPING_NORM, CLIENT_DP_STATISTICS_CLIPPING_NORM)
 
 
 def client_dp_mode(config: RunConfig) -> str:
@@ -97,6 +112,13 @@ def check_client_dp(config: RunConfig, strategy: type[ServerMethod] | None, elig
         raise FedcondError(
             f"client-dp needs a server that averages one global model ({', '.join(eligible)}); "
             f"{config.method} does not: set client-dp=off"
+        )
+    if strategy.released_sums(config) and CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config) <= 0:
+        raise FedcondError(
+            f"client-dp covers every release of a client's data, and {config.method}'s set-up also publishes a sum "
+            "of every client's statistics (the fingerprint's mean and std under normalisation=federated): set "
+            "client-dp-statistics-clipping-norm to a bound on each client's contribution (the sum is then noised "
+            "and accounted as one more release), or client-dp=off"
         )
 
 
@@ -196,17 +218,43 @@ def with_client_dp(strategy: FedcondStrategy, config: RunConfig) -> Strategy:
     )  # fmt: skip
 
 
-def describe(config: RunConfig) -> dict[str, object] | None:
-    """What run.json records of the client-level settings (None: off)."""
+def noised_sum(arrays: Model, config: RunConfig) -> Model:
+    """A released sum of contributions each client clipped to client-dp-statistics-clipping-norm,
+    with Gaussian noise of std noise-multiplier x that bound on each value: one client added or
+    removed moves the sum by at most the bound. Drawn as Flower draws the rounds' noise (NumPy's
+    global generator)."""
+    std = CLIENT_DP_NOISE_MULTIPLIER.of(config) * CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config)
+    noised = [np.asarray(array, dtype=np.float64).copy() for array in arrays]
+    add_gaussian_noise_inplace(noised, std)
+    return noised
+
+
+def client_level_epsilons(config: RunConfig, released_sums: int = 0) -> list[float]:
+    """The epsilon after each round: the rounds' Gaussian mechanisms (at the client sampling rate),
+    composed with ``released_sums`` one-off releases of the same multiplier at rate 1 (inf without noise)."""
+    noise, delta = CLIENT_DP_NOISE_MULTIPLIER.of(config), DP_DELTA.of(config)
+    if noise <= 0:
+        return [math.inf] * config.num_server_rounds
+    sample_rate = clients_per_round(config) / config.num_training_clients
+    epsilons = []
+    for rounds in range(1, config.num_server_rounds + 1):
+        ledger = PrivacyLedger()
+        ledger.add(noise, sample_rate, rounds)
+        ledger.add(noise, 1.0, released_sums)
+        epsilons.append(ledger.epsilon(delta))
+    return epsilons
+
+
+def describe(config: RunConfig, released_sums: int = 0) -> dict[str, object] | None:
+    """What run.json records of the client-level settings (None: off); ``released_sums``: the one-off
+    sums of every client's statistics the method's set-up publishes, noised and accounted too."""
     mode = client_dp_mode(config)
     if mode == "off":
         return None
     noise, clip = CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config)
     clients, delta = clients_per_round(config), DP_DELTA.of(config)
     sample_rate = clients / config.num_training_clients
-    by_round = [
-        gaussian_rounds_epsilon(noise, rounds, delta, sample_rate) for rounds in range(1, config.num_server_rounds + 1)
-    ]
+    by_round = client_level_epsilons(config, released_sums)
     flower_wrapper = (ServerSideClientDp if mode == "server-side" else ClientSideClientDp).__bases__[1]
     return {
         "unit": "one client (all its samples, every round)",
@@ -219,6 +267,15 @@ def describe(config: RunConfig) -> dict[str, object] | None:
         "noise_std_on_the_average": compute_stdv(noise, clip, clients),
         "averaging": "unweighted (each client's clipped update counts 1 / clients)",
         "delta": delta,
+        "released_sums": released_sums,
+        **(
+            {
+                "statistics_clipping_norm": CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config),
+                "noise_std_on_each_released_sum": noise * CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config),
+            }
+            if released_sums
+            else {}
+        ),
         # None, not Infinity: run.json stays strict JSON (no noise: no finite epsilon).
         "epsilon_by_round": [round(value, 6) if value != float("inf") else None for value in by_round],
     }

@@ -161,6 +161,12 @@ class ServerMethod:
     def check(cls, config: RunConfig) -> None:
         """A method's own checks of the run's settings, before anything starts (``check_run``)."""
 
+    @classmethod
+    def released_sums(cls, config: RunConfig) -> int:
+        """How many one-off sums of every client's statistics ``set_up`` publishes (none here): under
+        client-level DP each is clipped, noised and accounted (``fedcond/federation/client_dp.py``)."""
+        return 0
+
     def set_up(self, client_manager: ClientManager) -> None:
         """A new run's exchange with the clients before round 1, once the membership step knows every
         client (a resumed run has its outcome in ``state`` instead): nothing here (``ConditionalFedAvg``

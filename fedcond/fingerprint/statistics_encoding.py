@@ -34,10 +34,15 @@ QUANTIZATION_RANGE = 2 ** (LIMB_BITS + 1)
 MAX_CLIENTS = 2**32 // QUANTIZATION_RANGE - 1
 
 
-def statistics_vector(raw_fingerprint: np.ndarray) -> np.ndarray:
-    """What one client contributes: (f, f^2, 1)."""
+def statistics_vector(raw_fingerprint: np.ndarray, clip: float = 0.0) -> np.ndarray:
+    """What one client contributes: (f, f^2, 1); with ``clip`` > 0, (f, f^2) scaled to an L2 norm of at
+    most ``clip`` (the count stays 1), the bound a noised sum is calibrated to (client-level DP)."""
     raw = np.asarray(raw_fingerprint, dtype=np.float64)
-    return np.concatenate([raw, raw**2, [1.0]])
+    moments = np.concatenate([raw, raw**2])
+    norm = float(np.linalg.norm(moments))
+    if clip > 0 and norm > clip:
+        moments = moments * (clip / norm)
+    return np.concatenate([moments, [1.0]])
 
 
 def encode(values: np.ndarray) -> np.ndarray:
