@@ -38,6 +38,7 @@ import time
 import tomllib
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,7 @@ from fedcond.federation.client_app import client_class, node_data
 from fedcond.federation.methods import run_config
 from fedcond.federation.server_app import served_run
 from fedcond.model import head_fit
+from fedcond.model.aggregation import weighted_average
 from fedcond.model.networks import build_run_model
 from fedcond.privacy.attack import cosine_similarity, reconstruct_condition
 from fedcond.tools.in_process import InProcessNode, plain_sum
@@ -60,11 +62,26 @@ from fedcond.tools.in_process import InProcessNode, plain_sum
 Model = list[np.ndarray]
 
 
-def round_one(
-    settings: dict[str, object], results_dir: str
-) -> tuple[Model, list[Model], list[int], list[np.ndarray], bool]:
-    """Round 1 of ``settings`` in this process: (the model sent, each training client's reply, its
-    training samples, the fingerprint its model reads, whether replies are head-fit products)."""
+@dataclass(frozen=True)
+class RoundOne:
+    """What round 1 of some settings sent and received."""
+
+    sent: Model
+    #: Each training client's reply, its training samples and the fingerprint its model reads.
+    replies: list[Model]
+    samples: list[int]
+    conditions: list[np.ndarray]
+    #: Whether the replies are head-fit products (``head-fit=ridge``), not models.
+    ridge: bool
+
+
+def round_one(settings: dict[str, object]) -> RoundOne:
+    """Round 1 of ``settings`` in this process, its results in a folder that goes with it."""
+    with tempfile.TemporaryDirectory() as results_dir:
+        return _round_one(settings, results_dir)
+
+
+def _round_one(settings: dict[str, object], results_dir: str) -> RoundOne:
     config = run_config({**settings, "results-dir": results_dir, "verbose": False, "num-server-rounds": 1})
     check_run(config)
     resolved = config.resolved()
@@ -88,7 +105,7 @@ def round_one(
                 resolved, node_data(node.context, resolved, proxy.partition_id), node.context
             )
             conditions.append(np.asarray(client.condition(instruction.config), dtype=np.float64))  # type: ignore[attr-defined]
-    return sent, replies, samples, conditions, ridge
+    return RoundOne(sent, replies, samples, conditions, ridge)
 
 
 def template_of(settings: dict[str, object]) -> torch.nn.Module:
@@ -106,12 +123,6 @@ def recovered(template: torch.nn.Module, sent: Model, reply: Model, ridge: bool)
     return reconstruct_condition(template, sent, reply)  # type: ignore[arg-type]
 
 
-def weighted_mean(models: Sequence[Model], weights: Sequence[float]) -> Model:
-    share = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
-    return [np.tensordot(share, np.stack([model[i] for model in models]).astype(np.float64), axes=1)
-            for i in range(len(models[0]))]  # fmt: skip
-
-
 def clipped(sent: Model, reply: Model, clip: float) -> Model:
     """The reply as Flower's ``fixedclipping_mod`` sends it: sent + the update clipped to ``clip``."""
     returned = [np.asarray(array, dtype=np.float64).copy() for array in reply]
@@ -119,14 +130,17 @@ def clipped(sent: Model, reply: Model, clip: float) -> Model:
     return returned
 
 
-def views(settings: dict[str, object], clip: float, noises: Sequence[float], repeats: int) -> list[str]:
-    """One table row of cells for ``settings``."""
-    with tempfile.TemporaryDirectory() as results_dir:
-        sent, replies, samples, conditions, ridge = round_one(settings, results_dir)
+def views(
+    settings: dict[str, object], round_: RoundOne, clip: float, noises: Sequence[float], repeats: int
+) -> list[str]:
+    """One table row of cells for ``settings``, whose round 1 is ``round_``."""
+    sent, replies, samples, conditions, ridge = (
+        round_.sent, round_.replies, round_.samples, round_.conditions, round_.ridge
+    )  # fmt: skip
     template = template_of(settings)
     alone = [cosine_similarity(recovered(template, sent, reply, ridge), truth)
              for reply, truth in zip(replies, conditions, strict=True)]  # fmt: skip
-    mean = weighted_mean(replies, samples)
+    mean = weighted_average(replies, samples)  # what SecAgg+ leaves the server, as the strategy averages
     secure = max(cosine_similarity(recovered(template, sent, mean, ridge), truth) for truth in conditions)
     cells = [f"{np.mean(alone):.3f}", f"{secure:.3f}"]
     if ridge:
@@ -135,7 +149,7 @@ def views(settings: dict[str, object], clip: float, noises: Sequence[float], rep
     dp_alone = [cosine_similarity(recovered(template, sent, reply, False), truth)
                 for reply, truth in zip(clips, conditions, strict=True)]  # fmt: skip
     cells.append(f"{np.mean(dp_alone):.3f}")
-    uniform = weighted_mean(clips, [1.0] * len(clips))  # client-dp averages uniformly
+    uniform = weighted_average(clips, [1.0] * len(clips))  # client-dp averages uniformly
     return [*cells, *(published(template, sent, uniform, conditions, noise, clip, repeats) for noise in noises)]
 
 
@@ -153,12 +167,13 @@ def published(
     return f"{np.mean(best):.3f}"
 
 
-def chance(settings: dict[str, object], noises: Sequence[float], clip: float, repeats: int) -> list[str]:
-    """The attack on Flower's noise alone, as ``views`` scores a published model (one cell per noise)."""
-    with tempfile.TemporaryDirectory() as results_dir:
-        sent, _, _, conditions, _ = round_one(settings, results_dir)
+def chance(
+    settings: dict[str, object], round_: RoundOne, noises: Sequence[float], clip: float, repeats: int
+) -> list[str]:
+    """The attack on Flower's noise alone, as ``views`` scores a published model (one cell per noise):
+    the noise added to the model ``round_`` sent, scored against its clients' fingerprints."""
     template = template_of(settings)
-    return [published(template, sent, sent, conditions, noise, clip, repeats) for noise in noises]
+    return [published(template, round_.sent, round_.sent, round_.conditions, noise, clip, repeats) for noise in noises]
 
 
 def candidates(grid: Path) -> list[tuple[str, dict[str, object]]]:
@@ -182,21 +197,33 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=1.0, help="client-dp-clipping-norm")
     parser.add_argument("--noise", default="0.1,1", help="client-dp-noise-multiplier values, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the noise draws (numpy's global generator)")
     args = parser.parse_args()
+    # Flower draws its noise from numpy's global generator: seeded here, the table can be drawn again.
+    # (A deployment never seeds it: whoever held the seed could subtract the noise.)
+    np.random.seed(args.seed)
     common = {key: setting_value(value) for key, value in (pair.split("=", 1) for pair in args.setting)}
     noises = [float(value) for value in args.noise.split(",") if value]
     header = ["candidate", "plain (one client)", "secaggplus (the mean)", f"client-dp (server, clip {args.clip:g})",
               *[f"client-dp (published, z={noise:g})" for noise in noises], "s"]  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for label, settings in [("conditional (the paper's)", {"method": "conditional"}), *candidates(args.grid)]:
+    paper = {"method": "conditional", **common}
+    paper_round = None
+    for label, settings in [("conditional (the paper's)", paper), *candidates(args.grid)]:
         start = time.perf_counter()
+        settings = {**settings, **common}
         try:
-            cells = views({**settings, **common}, args.clip, noises, args.repeats)
+            round_ = round_one(settings)
+            cells = views(settings, round_, args.clip, noises, args.repeats)
         except FedcondError as error:
-            cells = [f"refused: {error}"] + [""] * (2 + len(noises))
+            round_, cells = None, [f"refused: {error}"] + [""] * (2 + len(noises))
+        if settings == paper:
+            paper_round = round_
         print(f"| {label} | " + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
-    noise_alone = chance({"method": "conditional", **common}, noises, args.clip, args.repeats)
+    if paper_round is None:
+        raise SystemExit("the paper's conditional was refused with these settings: no round to draw chance from")
+    noise_alone = chance(paper, paper_round, noises, args.clip, args.repeats)
     print("| chance: the attack on the noise alone | | | | " + " | ".join(noise_alone) + " | |")
 
 
