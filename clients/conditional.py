@@ -20,10 +20,10 @@ from flwr.common import ArrayRecord
 from fedcond.data.client_data import ClientData, cached_client_data, client_fingerprint
 from fedcond.data.scenarios import scenario_for
 from fedcond.federation.client import FedcondClient, Fitted
-from fedcond.federation.client_dp import CLIENT_DP_STATISTICS_CLIPPING_NORM, client_dp_mode
 from fedcond.federation.messages import (
     FINGERPRINT_MEAN,
     FINGERPRINT_STD,
+    STATISTICS_CLIPPING_NORM,
     STEP,
     STEP_STATISTICS,
     TRAIN_LOSS,
@@ -93,7 +93,7 @@ class ConditionalClient(FedcondClient):
 
     def fit_instruction(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         if round_config.get(STEP) == STEP_STATISTICS:
-            return self.statistics_contribution()
+            return self.statistics_contribution(round_config)
         return super().fit_instruction(parameters, round_config)
 
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
@@ -112,12 +112,12 @@ class ConditionalClient(FedcondClient):
             arrays[index] = array
         return [*arrays, gram.astype(np.float32)], len(self.data.train_y), {TRAIN_LOSS: loss}
 
-    def statistics_contribution(self) -> Fitted:
+    def statistics_contribution(self, round_config: dict[str, object]) -> Fitted:
         """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1
         (a training instruction that only SecAgg+'s mod delivers: fedcond/federation/secagg_mod.py).
-        Under client-level DP, (f, f^2) clipped to client-dp-statistics-clipping-norm: the server noises
-        the sum for that bound."""
-        clip = CLIENT_DP_STATISTICS_CLIPPING_NORM.of(self.run_config) if client_dp_mode(self.run_config) != "off" else 0
+        Under client-level DP the instruction names a bound, and (f, f^2) is clipped to it: the server
+        noises the sum for that bound."""
+        clip = float(round_config.get(STATISTICS_CLIPPING_NORM, 0.0))  # type: ignore[arg-type]
         vector = statistics_encoding.statistics_vector(self.raw_fingerprint(), clip)
         return [statistics_encoding.encode(vector)], 1, {}
 

@@ -12,18 +12,24 @@ from __future__ import annotations
 
 import numpy as np
 from fedcond.strategies.fedavg import FedcondFedAvg
-from flwr.common import FitIns, Parameters
+from flwr.common import FitIns, Parameters, Scalar
 from flwr.server.client_manager import ClientManager
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.federation.client_dp import CLIENT_DP, client_dp_mode, noised_sum
+from fedcond.federation.client_dp import (
+    CLIENT_DP,
+    CLIENT_DP_STATISTICS_CLIPPING_NORM,
+    client_dp_mode,
+    noised_sum,
+)
 from fedcond.federation.declaration import ALWAYS_SUMMED, Declaration, Facts, Release
 from fedcond.federation.membership import PartitionProxy
 from fedcond.federation.messages import (
     FINGERPRINT_MEAN,
     FINGERPRINT_STD,
     SERVER_ROUND,
+    STATISTICS_CLIPPING_NORM,
     STEP,
     STEP_STATISTICS,
     array_to_bytes,
@@ -132,7 +138,9 @@ class ConditionalFedAvg(FedcondFedAvg):
         num_classes = self.inputs.num_classes
         dim = run_fingerprint_size(config, num_classes)
         participation = RoundParticipation(0, self.training_partitions)
-        question = {STEP: STEP_STATISTICS, SERVER_ROUND: 0}
+        question: dict[str, Scalar] = {STEP: STEP_STATISTICS, SERVER_ROUND: 0}
+        if client_dp_mode(config) != "off":
+            question[STATISTICS_CLIPPING_NORM] = CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config)
         instructions = [
             (PartitionProxy(self.protocol.membership.node_of[partition], partition, participation, STATISTICS),
              FitIns(EMPTY, dict(question)))

@@ -163,6 +163,8 @@ ALLOWED: dict[tuple[str, str], set[str]] = {
     ("train/share_keys", "reply"): {f"{SECAGG}:dsts", f"{SECAGG}:ctxts"},
     ("train/collect_masked_vectors", "instruction"): {
         "array:fitins.parameters", "config:fitins.config:fedcond-step",
+        # Under client-level DP, the bound each client clips its fingerprint statistics to.
+        "config:fitins.config:statistics-clipping-norm",
         *(f"config:fitins.config:{k}" for k in INSTRUCTION_CONFIG),
         f"{SECAGG}:stage", f"{SECAGG}:ctxts", f"{SECAGG}:srcs",
     },
@@ -181,6 +183,7 @@ RUNS = {
     "conditional-secagg-dp": {
         "method": "conditional", "secure-aggregation": "secaggplus", "client-dp": "client-side",
         "client-dp-noise-multiplier": 0.01, "dp-noise-multiplier": 0.5, "fingerprint-epsilon": 8.0,
+        "client-dp-statistics-clipping-norm": 100.0,
     },
     "local": {"method": "local"},
     "oracle": {"method": "oracle"},
@@ -224,6 +227,7 @@ def test_every_key_of_every_message_is_on_the_allow_list(tmp_path, name):
     if name == "conditional-secagg-dp":  # the DP keys did travel (so the allow-list saw them)
         assert "config:fitres.metrics:epsilon" in seen[("train/collect_masked_vectors", "reply")]
         assert "config:fitins.config:clipping_norm" in seen[("train/collect_masked_vectors", "instruction")]
+        assert "config:fitins.config:statistics-clipping-norm" in seen[("train/collect_masked_vectors", "instruction")]
 
 
 def test_a_secaggplus_client_refuses_a_plain_round_and_never_lets_secaggplus_clip():

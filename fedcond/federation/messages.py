@@ -16,6 +16,9 @@ STEP = "fedcond-step"
 STEP_IDENTITY = "identity"
 #: Before round 1: the fingerprint statistics through SecAgg+ (a training instruction with this step).
 STEP_STATISTICS = "fingerprint-statistics"
+#: In that instruction under client-level DP: the bound each client clips its (f, f^2) to before the
+#: sum, which the server then noises (fedcond/federation/client_dp.py).
+STATISTICS_CLIPPING_NORM = "statistics-clipping-norm"
 #: Before round 1: a descriptor-clustering client's descriptor of its training data (sent in the clear).
 STEP_DESCRIPTOR = "descriptor"
 DESCRIPTOR = "descriptor"
