@@ -298,7 +298,7 @@ def calibrate(extra: dict[str, object], epsilons: list[float], rounds: int) -> N
     for target in epsilons:
         client_level = noise_for(lambda z: gaussian_rounds_epsilon(z, rounds, delta), target)
         # normalisation=federated: one more release of the same multiplier (fedcond/federation/client_dp.py).
-        with_statistics = noise_for(lambda z: gaussian_rounds_epsilon(z, rounds + 1, delta), target)
+        with_statistics = noise_for(lambda z: gaussian_rounds_epsilon(z, rounds, delta, releases=1), target)
         alone = noise_for(worst, target)
         fingerprint_noise = gaussian_noise_multiplier(target / 2, delta)
         with_fingerprint = noise_for(lambda z, f=fingerprint_noise: worst(z, f), target)

@@ -138,8 +138,9 @@ class ConditionalFedAvg(FedcondFedAvg):
         num_classes = self.inputs.num_classes
         dim = run_fingerprint_size(config, num_classes)
         participation = RoundParticipation(0, self.training_partitions)
+        private = client_dp_mode(config) != "off"  # client-level DP: clipped by the clients, noised here
         question: dict[str, Scalar] = {STEP: STEP_STATISTICS, SERVER_ROUND: 0}
-        if client_dp_mode(config) != "off":
+        if private:
             question[STATISTICS_CLIPPING_NORM] = CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config)
         instructions = [
             (PartitionProxy(self.protocol.membership.node_of[partition], partition, participation, STATISTICS),
@@ -157,7 +158,7 @@ class ConditionalFedAvg(FedcondFedAvg):
         self.protocol.secure_rounds.check_outcome(outcome, "the fingerprint statistics", failures)
         count = len(outcome.contributors)
         total, total_of_squares = statistics.open_statistics(outcome.mean[0], count)  # type: ignore[index]
-        if client_dp_mode(config) != "off":
+        if private:
             # Every client receives the statistics: client-level DP noises their sums (the count is public).
             total, total_of_squares = noised_sum([total, total_of_squares], config)
         if len(total) != dim:

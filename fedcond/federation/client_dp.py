@@ -30,7 +30,7 @@ What the wrappers take for granted that fedcond must provide, done here rather t
   another release of each client's data, which Flower's wrappers never see. Each client clips its
   contribution to ``client-dp-statistics-clipping-norm``, the server noises the sum with the same
   multiplier (``noised_sum``), and the accountant composes it as one more release at rate 1
-  (``client_level_epsilons``); a run without that bound is refused (``check_client_dp``).
+  (``describe``, through ``gaussian_rounds_epsilon``); a run without that bound is refused (``check_client_dp``).
 - The noise lands on every array, batch norm's running statistics included (they are part of each
   clipped update, so they are covered too); a noised running variance can fall below zero, which
   no network can normalise by. The wrapper sets those values to zero after the noise (post-processing,
@@ -39,7 +39,6 @@ What the wrappers take for granted that fedcond must provide, done here rather t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Protocol, cast
 
@@ -62,7 +61,7 @@ from fedcond.federation.secagg_workflow import SecureSum
 from fedcond.federation.server_method import ServerMethod
 from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model.aggregation import Model
-from fedcond.privacy.dp import DP_DELTA, PrivacyLedger, check_delta
+from fedcond.privacy.dp import DP_DELTA, check_delta, gaussian_rounds_epsilon
 from fedcond.privacy.secure_aggregation import SecureAggregation
 
 CLIENT_DP_MODES = ("off", "server-side", "client-side")
@@ -229,22 +228,6 @@ def noised_sum(arrays: Model, config: RunConfig) -> Model:
     return noised
 
 
-def client_level_epsilons(config: RunConfig, released_sums: int = 0) -> list[float]:
-    """The epsilon after each round: the rounds' Gaussian mechanisms (at the client sampling rate),
-    composed with ``released_sums`` one-off releases of the same multiplier at rate 1 (inf without noise)."""
-    noise, delta = CLIENT_DP_NOISE_MULTIPLIER.of(config), DP_DELTA.of(config)
-    if noise <= 0:
-        return [math.inf] * config.num_server_rounds
-    sample_rate = clients_per_round(config) / config.num_training_clients
-    epsilons = []
-    for rounds in range(1, config.num_server_rounds + 1):
-        ledger = PrivacyLedger()
-        ledger.add(noise, sample_rate, rounds)
-        ledger.add(noise, 1.0, released_sums)
-        epsilons.append(ledger.epsilon(delta))
-    return epsilons
-
-
 def describe(config: RunConfig, released_sums: int = 0) -> dict[str, object] | None:
     """What run.json records of the client-level settings (None: off); ``released_sums``: the one-off
     sums of every client's statistics the method's set-up publishes, noised and accounted too."""
@@ -254,7 +237,10 @@ def describe(config: RunConfig, released_sums: int = 0) -> dict[str, object] | N
     noise, clip = CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config)
     clients, delta = clients_per_round(config), DP_DELTA.of(config)
     sample_rate = clients / config.num_training_clients
-    by_round = client_level_epsilons(config, released_sums)
+    by_round = [
+        gaussian_rounds_epsilon(noise, rounds, delta, sample_rate, released_sums)
+        for rounds in range(1, config.num_server_rounds + 1)
+    ]
     flower_wrapper = (ServerSideClientDp if mode == "server-side" else ClientSideClientDp).__bases__[1]
     return {
         "unit": "one client (all its samples, every round)",

@@ -302,15 +302,19 @@ class PrivacyLedger:
         return cls([(float(z), float(q), int(steps)) for z, q, steps in zip(*columns, strict=True)])
 
 
-def gaussian_rounds_epsilon(noise_multiplier: float, rounds: int, delta: float, sample_rate: float = 1.0) -> float:
+def gaussian_rounds_epsilon(
+    noise_multiplier: float, rounds: int, delta: float, sample_rate: float = 1.0, releases: int = 0
+) -> float:
     """Epsilon of ``rounds`` Gaussian releases, each over a sample of the clients at ``sample_rate``
     (client-level DP: 1 when every client takes part in every round; clients-per-round / clients
     with sampling, accounted as Poisson subsampling at that rate, the usual approximation for a
-    fixed-size sample, as in McMahan et al. 2018): inf without noise."""
+    fixed-size sample, as in McMahan et al. 2018), composed with ``releases`` one-off releases of the
+    same multiplier over every client (a set-up's noised sum): inf without noise."""
     if noise_multiplier <= 0:
         return math.inf
     ledger = PrivacyLedger()
     ledger.add(noise_multiplier, sample_rate, rounds)
+    ledger.add(noise_multiplier, 1.0, releases)
     return ledger.epsilon(delta)
 
 

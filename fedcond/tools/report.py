@@ -712,12 +712,16 @@ def _paper_table(rows: Sequence[Row], spec: TableSpec, score: str = "test") -> t
     table: the paper has no validation numbers)."""
     data = TableData.of(rows, spec, score)
     slots = [(group, values) for group in data.groups for values in data.columns]
-    matches = {
-        f"{row} {data.header(*slot)}": paper_match(data.cell_rows(row, *slot))
-        for row in data.rows
-        for slot in slots
-        if data.cell_rows(row, *slot) and score == "test"
-    }
+    matches = (
+        {
+            f"{row} {data.header(*slot)}": paper_match(data.cell_rows(row, *slot))
+            for row in data.rows
+            for slot in slots
+            if data.cell_rows(row, *slot)
+        }
+        if score == "test"
+        else {}
+    )
     with_paper = _with_paper(matches)
     held = data.has_heldout
     headers = [data.header(*slot) + (f" | {data.header(*slot)} held-out" if held else "") for slot in slots]
