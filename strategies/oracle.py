@@ -19,6 +19,9 @@ class OracleStrategy(ClusterModels):
 
     serves_held_out_clients = True
     uses_true_clusters = True
+    # Its groups are the scenario's true clusters, which no client sends: client-level DP noises each
+    # cluster's mean, and a client's data reaches only its own cluster's.
+    client_dp_per_model = True
     secure_aggregation_refusal = (
         "Oracle averages within each true cluster, so each sum would run over one cluster and every client "
         "would learn which nodes share its cluster (it exchanges keys with exactly those); it is the reference "

@@ -327,6 +327,9 @@ def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd
         ({"dp-max-grad-norm": 0.0}, "dp-max-grad-norm must be positive"),
         ({"client-dp": "central"}, "unknown client-dp 'central'"),
         ({"method": "gossip", "client-dp": "server-side"}, "averages one global model"),
+        ({"method": "ifca", "client-dp": "client-side"}, "or one per true cluster .* ifca does not"),
+        ({"method": "oracle", "client-dp": "server-side"}, "oracle sends each client its cluster's; use client-dp=client"),
+        ({"method": "oracle", "client-dp": "client-side", "clients-per-round": 5}, "every training client must train"),
         ({"client-dp": "client-side", "client-dp-clipping-norm": 0.0}, "client-dp-clipping-norm must be positive"),
         ({"client-dp": "client-side"}, "set client-dp-statistics-clipping-norm to a bound"),
         ({"method": "pooled-global", "dp-noise-multiplier": 1.0}, "federated methods only"),
@@ -361,6 +364,7 @@ def test_dp_settings_that_hold_are_accepted():
         {"method": "fedavg", "dp-noise-multiplier": 1.0},
         {"dp-noise-multiplier": 1.0, "fingerprint-epsilon": 2.0, "conditioning": "hyper"},
         {"method": "ditto", "client-dp": "client-side", "dp-noise-multiplier": 0.5},
+        {"method": "oracle", "client-dp": "client-side", "server-momentum": 0.5},
         {"fingerprint": "label-cov", "fingerprint-epsilon": 1.0},
         {"fingerprint": "random-id", "dp-noise-multiplier": 1.0},  # a data-free fingerprint needs no noise
         {"method": "fedavg", "secure-aggregation": "secaggplus"},
@@ -480,6 +484,42 @@ def test_client_level_dp_takes_the_server_step_on_the_noised_mean_and_keeps_vari
     np.testing.assert_array_equal(new[1], np.maximum(noised[1], 0))
     assert (noised[1] < 0).any() and (new[1] >= 0).all()
     np.testing.assert_array_equal(method.current[0], new[0])  # the next round steps from the noised model
+
+
+def test_oracle_under_client_level_dp_noises_each_clusters_mean_apart_then_steps_each_model():
+    from flwr.server.server import fit_clients
+
+    from fedcond.federation.client_dp import PerModelClientDp, with_client_dp
+    from fedcond.model.server_optimiser import PerModelMomentum
+    from tests.test_failures import federation, layer_model, strategy_for, two_by_two
+
+    settings = {"client-dp": "client-side", "client-dp-noise-multiplier": 1.0, "client-dp-clipping-norm": 10.0,
+                "server-momentum": 0.5, "server-learning-rate": 0.7}  # fmt: skip
+    strategy = strategy_for("oracle", **settings)
+    method = strategy.method
+    # FakeNode's two-array model, read as a trained weight and a batch-norm running variance.
+    method.array_names = lambda: ["weight", "norm.running_var"]  # type: ignore[method-assign]
+    method.models = [layer_model(0.0), layer_model(0.0)]
+    method.server_momentum = PerModelMomentum(0.5, 0.7, [True, False], 2)
+    wrapper = with_client_dp(strategy, strategy.inputs.config)
+    assert isinstance(wrapper, PerModelClientDp)
+    manager = federation(two_by_two())
+    wrapper.initialize_parameters(manager)
+    instructions = wrapper.configure_fit(1, EMPTY, manager)
+    assert all(ins.config[KEY_CLIPPING_NORM] == 10.0 for _, ins in instructions)  # each client clips
+    results, failures = fit_clients(instructions, None, None, 1)
+    np.random.seed(7)  # the noise comes from numpy's global generator, as Flower's does
+    wrapper.aggregate_fit(1, results, failures)
+    # Partitions 0, 1 (cluster 0) return 1 and 2, partitions 2, 3 (cluster 1) 3 and 4: each cluster's
+    # unweighted mean (1.5, 3.5), noised with std 1 x 10 / its 2 clients, cluster 0's drawn first.
+    np.random.seed(7)
+    noised = [[mean + np.random.normal(0, 5.0, array.shape).astype(np.float32) for array in layer_model(0.0)]
+              for mean in (1.5, 3.5)]  # fmt: skip
+    for model, new in zip(noised, method.models, strict=True):
+        # FedAvgM from the model the clients received (0) along the noised mean; the variance is valid.
+        np.testing.assert_allclose(new[0], 0.7 * model[0], rtol=1e-5)
+        np.testing.assert_array_equal(new[1], np.maximum(model[1], 0))
+    assert (noised[0][1] < 0).any() or (noised[1][1] < 0).any()
 
 
 def test_the_clipping_mod_clips_where_the_server_asks_and_passes_client_errors_on(task_identity):

@@ -17,9 +17,9 @@ from fedcond.errors import FedcondError
 from fedcond.federation import client_dp
 from fedcond.federation.methods import (
     Method,
+    client_dp_methods,
     declared_options,
     get_method,
-    global_model_methods,
     held_out_methods,
     registry,
     shared_options,
@@ -212,4 +212,4 @@ def check_privacy(config: RunConfig, method: Method) -> None:
             "epsilon would restart from 0; start the run again without resume"
         )
     privacy.check_sample_level(config, method.conditioned)
-    client_dp.check_client_dp(config, method.strategy, global_model_methods())
+    client_dp.check_client_dp(config, method.strategy, client_dp_methods())

@@ -31,6 +31,13 @@ What the wrappers take for granted that fedcond must provide, done here rather t
   contribution to ``client-dp-statistics-clipping-norm``, the server noises the sum with the same
   multiplier (``noised_sum``), and the accountant composes it as one more release at rate 1
   (``describe``, through ``gaussian_rounds_epsilon``); a run without that bound is refused (``check_client_dp``).
+- Flower's wrappers noise one global model; a server that averages one model per true cluster
+  (Oracle: ``client_dp_per_model``) sends each client its cluster's model, against which the client's
+  ``fixedclipping_mod`` clips, and ``PerModelClientDp`` has the method noise each cluster's unweighted
+  mean of clipped updates with std multiplier x clip / that cluster's clients. Each client's update
+  enters one cluster's sum only, whose noise has std multiplier x clip as FedAvg's does, so a round is
+  the same Gaussian mechanism for every client and the accountant's epsilon is FedAvg's; what differs
+  is the noise on each mean (a cluster has fewer clients than the federation).
 - The noise lands on every array, batch norm's running statistics included (they are part of each
   clipped update, so they are covered too); a noised running variance can fall below zero, which
   no network can normalise by. The wrapper sets those values to zero after the noise (post-processing,
@@ -39,7 +46,7 @@ What the wrappers take for granted that fedcond must provide, done here rather t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 import numpy as np
@@ -69,7 +76,7 @@ CLIENT_DP = Option(
     "client-dp",
     "off",
     "client-level DP through Flower's wrappers: `off`, `server-side` or `client-side` clipping (methods whose "
-    "server averages one global model)",
+    "server averages one global model; Oracle, one per true cluster, client-side only)",
 )
 CLIENT_DP_NOISE_MULTIPLIER = Option(
     "client-dp-noise-multiplier", 1.0, "client-level DP: noise std / clipping norm on the sum of updates", minimum=0
@@ -107,10 +114,20 @@ def check_client_dp(config: RunConfig, strategy: type[ServerMethod] | None, elig
     if CLIENT_DP_CLIPPING_NORM.of(config) <= 0:
         raise FedcondError(f"client-dp-clipping-norm must be positive (got {CLIENT_DP_CLIPPING_NORM.of(config)})")
     check_delta(DP_DELTA.of(config))
-    if strategy is None or not strategy.averages_one_model:
+    if strategy is None or not (strategy.averages_one_model or strategy.client_dp_per_model):
         raise FedcondError(
-            f"client-dp needs a server that averages one global model ({', '.join(eligible)}); "
-            f"{config.method} does not: set client-dp=off"
+            f"client-dp needs a server that averages one global model, or one per true cluster "
+            f"({', '.join(eligible)}); {config.method} does not: set client-dp=off"
+        )
+    if strategy.client_dp_per_model and mode == "server-side":
+        raise FedcondError(
+            f"client-dp=server-side clips each update against Flower's one global model, and {config.method} sends "
+            "each client its cluster's; use client-dp=client-side (each client clips against the model it received)"
+        )
+    if strategy.client_dp_per_model and clients_per_round(config) < config.num_training_clients:
+        raise FedcondError(
+            f"client-dp with {config.method} noises each cluster's mean for that cluster's clients, so every training "
+            "client must train every round; set clients-per-round=0, or client-dp=off"
         )
     if strategy.released_sums(config) and CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config) <= 0:
         raise FedcondError(
@@ -157,9 +174,11 @@ class _FedcondClientDp:
         mean = valid_statistics(method.array_names, parameters_to_ndarrays(noised))
         return ndarrays_to_parameters(method.server_step(mean))
 
-    def aggregate_fit(
+    def every_reply_counted_once(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
-    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+    ) -> list[tuple[ClientProxy, FitRes]]:
+        """The round's replies, each reporting one sample (an unweighted mean), once every sampled
+        client answered; the run stops in one line otherwise."""
         inner = self.strategy
         answered = answered_replies(FIT, results, failures, inner.participation)
         inner.enforce_policy(FIT)  # records the failures; stops the run below min-answered-fraction
@@ -170,7 +189,12 @@ class _FedcondClientDp:
                 "client-dp's noise is calibrated to all of them (a partial round is less private than its "
                 f"epsilon says); first: {first}; fix those clients or set client-dp=off"
             )
-        uniform = [(proxy, FitRes(res.status, res.parameters, 1, res.metrics)) for proxy, res in results]
+        return [(proxy, FitRes(res.status, res.parameters, 1, res.metrics)) for proxy, res in results]
+
+    def aggregate_fit(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        uniform = self.every_reply_counted_once(server_round, results, failures)
         noised, metrics = super().aggregate_fit(server_round, uniform, [])  # type: ignore[misc]
         return self.stepped_after_noise(noised), metrics
 
@@ -204,17 +228,52 @@ class ClientSideClientDp(_FedcondClientDp, DifferentialPrivacyClientSideFixedCli
         return self.stepped_after_noise(add_gaussian_noise_to_params(parameters, *noise))
 
 
+class NoisesEachModel(Protocol):
+    """What ``PerModelClientDp`` needs of a method that averages one model per true cluster
+    (``client_dp_per_model``, ``fedcond/federation/cluster_models.py``)."""
+
+    noised_mean: Callable[[Model, int], Model] | None
+
+    def array_names(self) -> list[str]: ...
+
+
+class PerModelClientDp(_FedcondClientDp, DifferentialPrivacyClientSideFixedClipping):
+    """Client-side clipping for a server with one model per true cluster (see the module docstring):
+    Flower's wrapper asks each client to clip (``configure_fit``), the round must be whole and
+    unweighted as for one model, and the method noises each cluster's mean before its server step."""
+
+    def aggregate_fit(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: Failures
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        uniform = self.every_reply_counted_once(server_round, results, failures)
+        return self.strategy.aggregate_fit(server_round, uniform, [])
+
+
+def noised_mean_of(names: Sequence[str], noise_multiplier: float, clip: float) -> Callable[[Model, int], Model]:
+    """The noise on a mean of ``clients`` clipped updates, drawn as Flower draws it (std multiplier x
+    clip / clients, NumPy's global generator), running variances kept valid."""
+
+    def noised(mean: Model, clients: int) -> Model:
+        arrays = [np.array(array, copy=True) for array in mean]
+        add_gaussian_noise_inplace(arrays, compute_stdv(noise_multiplier, clip, clients))
+        return valid_statistics(names, arrays)
+
+    return noised
+
+
 def with_client_dp(strategy: FedcondStrategy, config: RunConfig) -> Strategy:
     """``strategy`` wrapped as ``client-dp`` says (itself when off)."""
     mode = client_dp_mode(config)
     if mode == "off":
         return strategy
+    noise, clip = CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config)
+    if strategy.method.client_dp_per_model:
+        method = cast(NoisesEachModel, strategy.method)
+        method.noised_mean = noised_mean_of(method.array_names(), noise, clip)
+        return PerModelClientDp(strategy, noise, clip, clients_per_round(config))
     wrapper = ServerSideClientDp if mode == "server-side" else ClientSideClientDp
     cast(AveragesOneModel, strategy.method).defers_server_step = True
-    return wrapper(
-        strategy, CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config),
-        clients_per_round(config),
-    )  # fmt: skip
+    return wrapper(strategy, noise, clip, clients_per_round(config))
 
 
 def noised_sum(arrays: Model, config: RunConfig) -> Model:
@@ -228,9 +287,10 @@ def noised_sum(arrays: Model, config: RunConfig) -> Model:
     return noised
 
 
-def describe(config: RunConfig, released_sums: int = 0) -> dict[str, object] | None:
+def describe(config: RunConfig, released_sums: int = 0, per_model: bool = False) -> dict[str, object] | None:
     """What run.json records of the client-level settings (None: off); ``released_sums``: the one-off
-    sums of every client's statistics the method's set-up publishes, noised and accounted too."""
+    sums of every client's statistics the method's set-up publishes, noised and accounted too;
+    ``per_model``: the server noises one mean per true cluster (``client_dp_per_model``)."""
     mode = client_dp_mode(config)
     if mode == "off":
         return None
@@ -242,6 +302,9 @@ def describe(config: RunConfig, released_sums: int = 0) -> dict[str, object] | N
         for rounds in range(1, config.num_server_rounds + 1)
     ]
     flower_wrapper = (ServerSideClientDp if mode == "server-side" else ClientSideClientDp).__bases__[1]
+    averaging = "unweighted (each client's clipped update counts 1 / clients)"
+    if per_model:
+        averaging = "unweighted within each true cluster, each cluster's mean noised (std noise x clip / its clients)"
     return {
         "unit": "one client (all its samples, every round)",
         "mode": mode,
@@ -250,8 +313,9 @@ def describe(config: RunConfig, released_sums: int = 0) -> dict[str, object] | N
         "clipping_norm": clip,
         "clients_per_round": clients,
         "client_sampling_rate": sample_rate,
-        "noise_std_on_the_average": compute_stdv(noise, clip, clients),
-        "averaging": "unweighted (each client's clipped update counts 1 / clients)",
+        "noise_std_on_the_sum": noise * clip,
+        **({} if per_model else {"noise_std_on_the_average": compute_stdv(noise, clip, clients)}),
+        "averaging": averaging,
         "delta": delta,
         "released_sums": released_sums,
         **(

@@ -4,6 +4,7 @@ clustering): the K models, their assignment, averaging within each, ARI against 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
@@ -40,11 +41,20 @@ class ClusterModels(ServerMethod):
         self.assignment: dict[int, int] = {}
         #: FedAvgM's state, one stream per model (None: plain FedAvg within each, no optimiser at all).
         self.server_momentum = PerModelMomentum.of(inputs.config, self.trained_mask, len(models))
+        #: Client-level DP's noise on a model's mean of its clients' clipped updates, given the mean and
+        #: how many clients it averages (set by ``client_dp.with_client_dp`` for a method that declares
+        #: ``client_dp_per_model``; None: no client-level DP).
+        self.noised_mean: Callable[[Model, int], Model] | None = None
 
     def trained_mask(self) -> list[bool]:
         """Per array of a model: a trained weight (stepped by FedAvgM) or a buffer (averaged as it is)."""
         inputs = self.inputs
         return trained_arrays(build_run_model(inputs.config, inputs.num_classes, inputs.conditioned))
+
+    def array_names(self) -> list[str]:
+        """A model's arrays by name, in ``state_dict`` order (what travels)."""
+        inputs = self.inputs
+        return list(build_run_model(inputs.config, inputs.num_classes, inputs.conditioned).state_dict())
 
     def record_ari(self, truth: list[int], labels: list[int]) -> float:
         """The Adjusted Rand Index of ``labels`` (the clusters found or chosen) against ``truth`` (the
@@ -93,6 +103,9 @@ class ClusterModels(ServerMethod):
         groups = self.groups(server_round, results)
         updates = [parameters_to_ndarrays(res.parameters) for _, res in results]
         averages = average_per_group(self.models, updates, groups, [res.num_examples for _, res in results])
+        if self.noised_mean is not None:  # before any server step: FedAvgM post-processes what DP released
+            for group in sorted(set(groups)):  # in model order: the noise is drawn alike each time
+                averages[group] = self.noised_mean(averages[group], groups.count(group))
         if self.server_momentum is not None:  # each model that got a reply steps along its own average
             averages = self.server_momentum.step(self.models, averages, set(groups))
         self.models = averages

@@ -275,13 +275,15 @@ def held_out_methods() -> list[str]:
     return [name for name in flower_method_names() if registry()[name].serves_held_out_clients]
 
 
-def global_model_methods() -> list[str]:
-    """The methods (named variants aside) whose server averages one global model: what Flower's DP
-    wrappers clip and noise."""
+def client_dp_methods() -> list[str]:
+    """The methods (named variants aside) that client-level DP can serve: a server that averages one
+    global model (Flower's DP wrappers), or one per true cluster (``client_dp_per_model``)."""
     return [
         name
         for name, method in registry().items()
-        if not method.variant_of and method.strategy is not None and method.strategy.averages_one_model
+        if not method.variant_of
+        and method.strategy is not None
+        and (method.strategy.averages_one_model or method.strategy.client_dp_per_model)
     ]
 
 

@@ -91,7 +91,9 @@ def served_run(
         load_encoder(config.fingerprint_encoder, config.resolved_data_dir())
     privacy_details = {
         "sample_level": privacy.describe(config, method.conditioned),
-        "client_level": client_dp.describe(config, strategy_class.released_sums(config)),
+        "client_level": client_dp.describe(
+            config, strategy_class.released_sums(config), strategy_class.client_dp_per_model
+        ),
         "secure_aggregation": secagg_settings.describe(config),
     }
     folder = resume_folder(config)

@@ -145,6 +145,11 @@ class ServerMethod:
     #: Whether each client's update is one model that the server averages into one global model:
     #: what Flower's client-level DP wrappers clip and noise (``fedcond/federation/client_dp.py``).
     averages_one_model: ClassVar[bool] = False
+    #: Whether the server averages one model per group of clients that it fixes without their data
+    #: (Oracle's true clusters), each client in one group: client-level DP then clips each update
+    #: against the model its client received and noises each group's mean as its own release
+    #: (``fedcond/federation/client_dp.py``, ``PerModelClientDp``).
+    client_dp_per_model: ClassVar[bool] = False
 
     #: The round protocol this method is composed with (set by ``FedcondStrategy``, before round 1).
     protocol: RoundServices
