@@ -328,7 +328,7 @@ def test_the_fingerprint_noise_is_calibrated_to_epsilon_and_composes_with_dp_sgd
         ({"client-dp": "central"}, "unknown client-dp 'central'"),
         ({"method": "gossip", "client-dp": "server-side"}, "averages one global model"),
         ({"method": "ifca", "client-dp": "client-side"}, "or one per true cluster .* ifca does not"),
-        ({"method": "oracle", "client-dp": "server-side"}, "oracle sends each client its cluster's; use client-dp=client"),
+        ({"method": "oracle", "client-dp": "server-side"}, "its cluster.s; use client-dp=client"),
         ({"method": "oracle", "client-dp": "client-side", "clients-per-round": 5}, "every training client must train"),
         ({"client-dp": "client-side", "client-dp-clipping-norm": 0.0}, "client-dp-clipping-norm must be positive"),
         ({"client-dp": "client-side"}, "set client-dp-statistics-clipping-norm to a bound"),
