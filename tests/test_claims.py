@@ -280,6 +280,27 @@ def test_a_shift_without_two_methods_at_three_seeds_names_no_winner(tmp_path):
     assert "| not ranked: 1 method(s) at 3 seeds or more | — | — |" in row
 
 
+def test_the_method_choice_ranks_on_validation_where_every_ranked_run_held_a_split_out(tmp_path):
+    # fedavg's test accuracy is the higher, ifca's validation accuracy: validation names the best, and
+    # the cells and the gap report test accuracy (here against the winner).
+    finals = {**{("fedavg", seed): 0.90 for seed in range(3)}, **{("ifca", seed): 0.85 for seed in range(3)}}
+    folder = results_folder(tmp_path / "results" / "a", finals, extra={"validation_accuracy": ""})
+    with (folder / "metrics.csv").open("a", newline="") as handle:  # the validation split's final rounds
+        writer = csv.DictWriter(handle, ["method", "seed", "round", "accuracy", "validation_accuracy"])
+        for (method, seed), accuracy in finals.items():
+            validation = 0.80 if method == "fedavg" else 0.84
+            writer.writerow({"method": method, "seed": seed, "round": 3, "accuracy": accuracy,
+                             "validation_accuracy": validation})  # fmt: skip
+    single = CHOICE.replace('["results/a", "results/b"]', '["results/a"]')
+    row = choice_table(load_claims(claims_file(tmp_path, single)), tmp_path)[2]
+    assert "| validation | `ifca` 0.850 (3 seeds) | `fedavg` 0.900 (3 seeds) | -5.00 ± 0.00, 3 seeds |" in row
+    # One run without a split: the whole row ranks on test accuracy, and says so.
+    with (folder / "metrics.csv").open("a", newline="") as handle:
+        csv.writer(handle).writerow(["ifca", 3, 3, 0.85, ""])
+    row = choice_table(load_claims(claims_file(tmp_path, single)), tmp_path)[2]
+    assert "| test (no validation split) | `fedavg` 0.900 (3 seeds) | `ifca` 0.850 (4 seeds) |" in row
+
+
 def test_a_choice_over_folders_of_different_settings_is_refused(tmp_path):
     results_folder(tmp_path / "results" / "a", {("fedavg", 0): 0.8, ("conditional", 0): 0.7})
     results_folder(tmp_path / "results" / "b", {("fedavg", 0): 0.8}, settings={"dataset": "mnist"})

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedcond.errors import FedcondError
+from tools.claims import VALIDATION_COLUMN
 
 #: Within this much (accuracy, 0.1 points) of the best score a simpler candidate wins.
 MARGIN = 0.001
@@ -31,7 +32,7 @@ MARGIN = 0.001
 #: one makes a candidate less simple.
 EXTRAS: Mapping[str, object] = {"head-fit": "average", "server-momentum": 0.0}
 #: The metrics.csv column the choice reads.
-COLUMN = "validation_accuracy"
+COLUMN = VALIDATION_COLUMN
 
 
 @dataclass(frozen=True)
