@@ -24,10 +24,12 @@ which no scaling changes). The views:
   the mean of the clipped updates plus Flower's noise of std z x clip / clients (``--repeats`` draws);
   the cosine is the best with any one client, mean over draws.
 - **chance, z**: the same attack on the noise alone (no client's update in it): the best cosine a
-  guess reaches with one of this many fingerprints; a published cell near it recovers nothing.
+  guess reaches with one of this many fingerprints; a published cell near it recovers nothing. One
+  row per reader: the model's linear blocks, and row 0 of a ridge reply's Gram matrix.
 
-``head-fit=ridge`` is refused with client-level DP (its products are no model update a wrapper can
-clip), so its DP cells say so. One round from the seeded initial model, on the settings' dataset.
+A ridge reply is a change from its instruction (the sent generator and a zero Gram matrix) like a
+model update, so client-level DP clips and noises it as one (``fedcond/model/head_fit.py``). One round
+from the seeded initial model, on the settings' dataset.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class RoundOne:
     replies: list[Model]
     samples: list[int]
     conditions: list[np.ndarray]
-    #: Whether the replies are head-fit products (``head-fit=ridge``), not models.
+    #: Whether the replies carry head-fit products (``head-fit=ridge``), read at the Gram matrix.
     ridge: bool
 
 
@@ -143,27 +145,23 @@ def views(
     mean = weighted_average(replies, samples)  # what SecAgg+ leaves the server, as the strategy averages
     secure = max(cosine_similarity(recovered(template, sent, mean, ridge), truth) for truth in conditions)
     cells = [f"{np.mean(alone):.3f}", f"{secure:.3f}"]
-    if ridge:
-        return [*cells, *["refused"] * (1 + len(noises))]
     clips = [clipped(sent, reply, clip) for reply in replies]
-    dp_alone = [cosine_similarity(recovered(template, sent, reply, False), truth)
+    dp_alone = [cosine_similarity(recovered(template, sent, reply, ridge), truth)
                 for reply, truth in zip(clips, conditions, strict=True)]  # fmt: skip
     cells.append(f"{np.mean(dp_alone):.3f}")
     uniform = weighted_average(clips, [1.0] * len(clips))  # client-dp averages uniformly
-    return [*cells, *(published(template, sent, uniform, conditions, noise, clip, repeats) for noise in noises)]
+    return [*cells, *(published(template, round_, uniform, noise, clip, repeats) for noise in noises)]
 
 
-def published(
-    template: torch.nn.Module, sent: Model, mean: Model, conditions: Sequence[np.ndarray], noise: float, clip: float,
-    repeats: int,
-) -> str:  # fmt: skip
+def published(template: torch.nn.Module, round_: RoundOne, mean: Model, noise: float, clip: float, repeats: int) -> str:
     """The attack on ``mean`` plus Flower's noise (std noise x clip / clients): its best cosine with
-    any one client, mean over ``repeats`` draws."""
+    any one of ``round_``'s clients, mean over ``repeats`` draws."""
     best = []
     for _ in range(repeats):
         model = [np.asarray(array, dtype=np.float64).copy() for array in mean]
-        add_gaussian_noise_inplace(model, compute_stdv(noise, clip, len(conditions)))
-        best.append(max(cosine_similarity(recovered(template, sent, model, False), truth) for truth in conditions))
+        add_gaussian_noise_inplace(model, compute_stdv(noise, clip, len(round_.conditions)))
+        guess = recovered(template, round_.sent, model, round_.ridge)
+        best.append(max(cosine_similarity(guess, truth) for truth in round_.conditions))
     return f"{np.mean(best):.3f}"
 
 
@@ -173,7 +171,7 @@ def chance(
     """The attack on Flower's noise alone, as ``views`` scores a published model (one cell per noise):
     the noise added to the model ``round_`` sent, scored against its clients' fingerprints."""
     template = template_of(settings)
-    return [published(template, round_.sent, round_.sent, round_.conditions, noise, clip, repeats) for noise in noises]
+    return [published(template, round_, round_.sent, noise, clip, repeats) for noise in noises]
 
 
 def candidates(grid: Path) -> list[tuple[str, dict[str, object]]]:
@@ -209,7 +207,8 @@ def main() -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     paper = {"method": "conditional", **common}
-    paper_round = None
+    # The first round read by each reader (False: the model's linear blocks; True: a ridge reply's Gram).
+    first: dict[bool, tuple[dict[str, object], RoundOne]] = {}
     for label, settings in [("conditional (the paper's)", paper), *candidates(args.grid)]:
         start = time.perf_counter()
         settings = {**settings, **common}
@@ -218,13 +217,15 @@ def main() -> None:
             cells = views(settings, round_, args.clip, noises, args.repeats)
         except FedcondError as error:
             round_, cells = None, [f"refused: {error}"] + [""] * (2 + len(noises))
-        if settings == paper:
-            paper_round = round_
+        if round_ is not None:
+            first.setdefault(round_.ridge, (settings, round_))
         print(f"| {label} | " + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
-    if paper_round is None:
-        raise SystemExit("the paper's conditional was refused with these settings: no round to draw chance from")
-    noise_alone = chance(paper, paper_round, noises, args.clip, args.repeats)
-    print("| chance: the attack on the noise alone | | | | " + " | ".join(noise_alone) + " | |")
+    if not first:
+        raise SystemExit("every method was refused with these settings: no round to draw chance from")
+    for ridge, (settings, round_) in sorted(first.items()):
+        noise_alone = chance(settings, round_, noises, args.clip, args.repeats)
+        reader = "a ridge reply's Gram row 0" if ridge else "the model's linear blocks"
+        print(f"| chance: the attack on the noise alone ({reader}) | | | | " + " | ".join(noise_alone) + " | |")
 
 
 if __name__ == "__main__":

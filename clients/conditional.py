@@ -19,7 +19,7 @@ from flwr.common import ArrayRecord
 
 from fedcond.data.client_data import ClientData, cached_client_data, client_fingerprint
 from fedcond.data.scenarios import scenario_for
-from fedcond.federation.client import FedcondClient, Fitted
+from fedcond.federation.client import Evaluated, FedcondClient, Fitted
 from fedcond.federation.messages import (
     FINGERPRINT_MEAN,
     FINGERPRINT_STD,
@@ -96,21 +96,31 @@ class ConditionalClient(FedcondClient):
             return self.statistics_contribution(round_config)
         return super().fit_instruction(parameters, round_config)
 
+    def evaluate_received(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Evaluated:
+        # Evaluate-in-fit: a head-fit=ridge training instruction carries a Gram matrix after the model.
+        if head_fit.fits_by_ridge(self.run_config):
+            parameters = head_fit.split_instruction(parameters, len(self.model.state_dict()))[0]
+        return super().evaluate_received(parameters, round_config)
+
     def train_round(self, parameters: list[np.ndarray], round_config: dict[str, object]) -> Fitted:
         if not head_fit.fits_by_ridge(self.run_config):
             return super().train_round(parameters, round_config)
-        # head-fit=ridge: the generated head trains as a plain layer; the reply is the trunk, the
-        # products s~ (x) dH in the output layer's arrays, then s~ s~^T (fedcond/model/head_fit.py).
-        self.receive(self.model, parameters)
+        # head-fit=ridge: the generated head trains as a plain layer; the instruction is the model and a
+        # zero Gram matrix, and the reply the trunk, the sent generator plus s~ (x) dH in the output layer's
+        # arrays, then the sent Gram plus s~ s~^T: each array minus the instruction's is the trunk's update
+        # or a product (fedcond/model/head_fit.py), which client-level DP's clipping bounds together.
+        model_arrays, sent_gram = head_fit.split_instruction(parameters, len(self.model.state_dict()))
+        self.receive(self.model, model_arrays)
+        indices = head_fit.head_indices(list(self.model.state_dict()))
+        sent_generator = head_fit.generator_of(*(model_arrays[index] for index in indices))
         condition = head_fit.augmented(self.condition(round_config), self.model.condition_scale)
         with head_fit.PlainHead(self.model, condition) as head:
-            loss = self.train_locally(self.model, round_config, term=self.local_term(parameters))
+            loss = self.train_locally(self.model, round_config, term=self.local_term(model_arrays))
         arrays = get_weights(self.model)
         moment, gram = head_fit.client_products(condition, head.change())
-        for index, array in zip(head_fit.head_indices(list(self.model.state_dict())),
-                                head_fit.generator_arrays(moment, np.float32), strict=True):  # fmt: skip
+        for index, array in zip(indices, head_fit.generator_arrays(sent_generator + moment, np.float32), strict=True):
             arrays[index] = array
-        return [*arrays, gram.astype(np.float32)], len(self.data.train_y), {TRAIN_LOSS: loss}
+        return [*arrays, (sent_gram + gram).astype(np.float32)], len(self.data.train_y), {TRAIN_LOSS: loss}
 
     def statistics_contribution(self, round_config: dict[str, object]) -> Fitted:
         """(f, f^2, 1) of the raw fingerprint as exact digits, weight 1: what SecAgg+ sums before round 1

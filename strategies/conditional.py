@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 from fedcond.strategies.fedavg import FedcondFedAvg
-from flwr.common import FitIns, Parameters, Scalar
+from flwr.common import FitIns, Parameters, Scalar, ndarray_to_bytes
 from flwr.server.client_manager import ClientManager
 
 from fedcond.config import RunConfig
@@ -21,7 +21,9 @@ from fedcond.federation.client_dp import (
     CLIENT_DP,
     CLIENT_DP_STATISTICS_CLIPPING_NORM,
     client_dp_mode,
+    noise_std_on_the_mean,
     noised_sum,
+    noised_sum_std,
 )
 from fedcond.federation.declaration import ALWAYS_SUMMED, Declaration, Facts, Release
 from fedcond.federation.membership import PartitionProxy
@@ -34,8 +36,8 @@ from fedcond.federation.messages import (
     STEP_STATISTICS,
     array_to_bytes,
 )
-from fedcond.federation.participation import STATISTICS, RoundParticipation
-from fedcond.federation.server_method import EMPTY
+from fedcond.federation.participation import FIT, STATISTICS, RoundParticipation
+from fedcond.federation.server_method import EMPTY, StrategyInputs
 from fedcond.fingerprint import fingerprints as fp
 from fedcond.fingerprint import statistics_encoding as statistics
 from fedcond.model import head_fit
@@ -72,9 +74,11 @@ class ConditionalFedAvg(FedcondFedAvg):
     A held-out client evaluates the global model fed its own fingerprint; it is not in the sum (it
     stands for a client that joins later) and receives the published statistics.
 
-    With ``head-fit = "ridge"`` each reply's mean carries the clients' products in the output layer's
-    place and their Gram matrix after the model: the new generator is the ridge fit, the rest of
-    the model the average, then FedAvgM's step if configured (``stepped``).
+    With ``head-fit = "ridge"`` a training instruction carries a zero Gram matrix after the model, and
+    each reply's mean the sent generator plus the clients' products in the output layer's place and
+    their Gram matrix after the model: the new generator is the ridge fit, the rest of the model the
+    average, then FedAvgM's step if configured (``server_step``; under client-level DP, on the noised
+    mean).
     """
 
     options = (*FedcondFedAvg.options, head_fit.HEAD_FIT_RIDGE)
@@ -84,11 +88,27 @@ class ConditionalFedAvg(FedcondFedAvg):
         super().check(config)
         head_fit.check_head_fit(config)
         check_newcomer_fingerprint(config)
-        if head_fit.fits_by_ridge(config) and CLIENT_DP.of(config) != "off":
+        if head_fit.fits_by_ridge(config) and CLIENT_DP.of(config) == "server-side":
             raise FedcondError(
-                "client-dp clips and noises each reply as one model update, and head-fit=ridge replies carry the "
-                "head fit's products instead; set head-fit=average, or client-dp=off"
+                "client-dp=server-side clips each reply against Flower's global model, which has no head-fit=ridge "
+                "Gram matrix; use client-dp=client-side (each client clips against its whole instruction)"
             )
+
+    def __init__(self, inputs: StrategyInputs) -> None:
+        super().__init__(inputs)
+        #: The last global parameters given a zero Gram matrix for head-fit=ridge, and the result (one
+        #: encoding a round, whatever the number of clients).
+        self.with_gram: tuple[Parameters, Parameters] | None = None
+
+    def instruction(
+        self, stage: str, partition_id: int, current: Parameters, config: dict[str, Scalar]
+    ) -> tuple[Parameters, dict[str, Scalar]]:
+        if stage != FIT or not head_fit.fits_by_ridge(self.inputs.config):
+            return super().instruction(stage, partition_id, current, config)
+        if self.with_gram is None or self.with_gram[0] is not current:
+            zero = np.zeros(self.reply_extra_shapes()[0], dtype=np.float32)
+            self.with_gram = current, Parameters([*current.tensors, ndarray_to_bytes(zero)], current.tensor_type)
+        return self.with_gram[1], config
 
     def reply_extra_shapes(self) -> list[tuple[int, ...]]:
         if not head_fit.fits_by_ridge(self.inputs.config):
@@ -97,14 +117,15 @@ class ConditionalFedAvg(FedcondFedAvg):
         size = len(self.current[self.array_names.index(head_fit.GENERATOR)]) + 1
         return [(size, size)]
 
-    def stepped(self, average: Model) -> Parameters:
+    def server_step(self, average: Model) -> Model:
         if head_fit.fits_by_ridge(self.inputs.config):
             average = self.fitted_head(average)
-        return super().stepped(average)
+        return super().server_step(average)
 
     def fitted_head(self, mean: Model) -> Model:
         """The round's model average with the generator ridge-fitted from the means of the clients'
-        products (the arrays in the output layer's place, and the Gram matrix after the model)."""
+        products (the arrays in the output layer's place, less the generator sent, and the Gram matrix
+        after the model; under client-level DP, noised, and read along the directions above the noise)."""
         if len(mean) != len(self.current) + len(self.reply_extra_shapes()):
             raise FedcondError(
                 f"head-fit=ridge expects the model's {len(self.current)} arrays and a Gram matrix in each reply, "
@@ -113,9 +134,13 @@ class ConditionalFedAvg(FedcondFedAvg):
         *model, gram = mean
         indices = head_fit.head_indices(self.array_names)
         generator = head_fit.generator_of(*(self.current[index] for index in indices))
-        moment = head_fit.generator_of(*(model[index] for index in indices))
+        moment = head_fit.generator_of(*(model[index] for index in indices)) - generator
         ridge = head_fit.HEAD_FIT_RIDGE.of(self.inputs.config)
-        fitted = head_fit.ridge_step(generator, moment, np.asarray(gram), ridge)
+        if self.defers_server_step:  # client-level DP noised the mean
+            noise = noise_std_on_the_mean(self.inputs.config)
+            fitted = head_fit.noisy_ridge_step(generator, moment, np.asarray(gram), ridge, noise)
+        else:
+            fitted = head_fit.ridge_step(generator, moment, np.asarray(gram), ridge)
         dtype = self.current[indices[0]].dtype
         for index, array in zip(indices, head_fit.generator_arrays(fitted, dtype), strict=True):
             model[index] = array
@@ -158,12 +183,15 @@ class ConditionalFedAvg(FedcondFedAvg):
         self.protocol.secure_rounds.check_outcome(outcome, "the fingerprint statistics", failures)
         count = len(outcome.contributors)
         total, total_of_squares = statistics.open_statistics(outcome.mean[0], count)  # type: ignore[index]
+        variance_floor = 0.0
         if private:
-            # Every client receives the statistics: client-level DP noises their sums (the count is public).
+            # Every client receives the statistics: client-level DP noises their sums (the count is public),
+            # and a variance under the noise's std on it (noise std on a sum / count) is noise.
             total, total_of_squares = noised_sum([total, total_of_squares], config)
+            variance_floor = noised_sum_std(config) / count
         if len(total) != dim:
             raise FedcondError(f"the secure sum gave {len(total)} statistics, expected {dim}; fingerprint-dim differs")
-        mean, std = fp.mean_and_std(total, total_of_squares, count)
+        mean, std = fp.mean_and_std(total, total_of_squares, count, variance_floor)
         self.protocol.shared_config = {FINGERPRINT_MEAN: array_to_bytes(mean), FINGERPRINT_STD: array_to_bytes(std)}
 
 
@@ -197,7 +225,8 @@ METHOD = Declaration(
             ),
             Release(
                 "each training round, with `head-fit = ridge`",
-                "in the generated head's place the products s~ (x) dH and s~ s~^T (`fedcond/model/head_fit.py`)",
+                "in the output layer's arrays the generator it was sent plus s~ (x) dH, then s~ s~^T (each a change "
+                "from its instruction, as a model update is: `fedcond/model/head_fit.py`)",
                 "its exact fingerprint (row 0 of s~ s~^T is [1, c]) and its head's exact change (row 0 of "
                 "s~ (x) dH)",
             ),

@@ -1,12 +1,14 @@
 """``head-fit = "ridge"`` (``fedcond/model/head_fit.py``): each client trains its generated output layer as a
 plain layer and returns products of its fingerprint; the server ridge-fits the generator to them."""
 
+import json
 from collections import Counter
 
 import numpy as np
 import pytest
 from fedcond.clients.conditional import ConditionalClient
 from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.supercore.differential_privacy import compute_clip_model_update
 
 from fedcond.data.scenarios import scenario_for
 from fedcond.errors import FedcondError
@@ -78,12 +80,16 @@ def test_the_client_trains_its_generated_head_as_a_plain_layer_and_returns_the_f
     sent = get_weights(model)  # hyper-init=random: every client's head differs from W0
     node = InProcessNode(config, 0, Counter())
     round_config = {SERVER_ROUND: 1}
-    reply = parameters_to_ndarrays(node.fit(FitIns(ndarrays_to_parameters(sent), round_config), None, None).parameters)
+    # The instruction's Gram matrix is zero; here 0.5 everywhere, to show the reply's is a change from it.
+    size = len(sent[list(model.state_dict()).index(head_fit.GENERATOR)]) + 1
+    instruction = [*sent, np.full((size, size), 0.5, dtype=np.float32)]
+    reply = parameters_to_ndarrays(node.fit(FitIns(ndarrays_to_parameters(instruction), round_config), None, None)
+                                   .parameters)  # fmt: skip
     assert len(reply) == len(sent) + 1
 
     client = ConditionalClient(config, node_data(node.context, config, 0), node.context)
     condition = head_fit.augmented(client.condition(round_config), model.condition_scale)
-    np.testing.assert_allclose(reply[-1], np.outer(condition, condition), rtol=1e-6)
+    np.testing.assert_allclose(reply[-1], 0.5 + np.outer(condition, condition), rtol=1e-6)
 
     # What the plain network (no generator) trains from the same trunk and the client's generated head.
     names = list(model.state_dict())
@@ -100,8 +106,16 @@ def test_the_client_trains_its_generated_head_as_a_plain_layer_and_returns_the_f
         if name not in head_fit.HEAD_ARRAYS:
             np.testing.assert_allclose(array, trained[name], rtol=1e-5, atol=1e-6, err_msg=name)
     change = head_fit.generator_of(trained[head_fit.HEAD_WEIGHT], trained[head_fit.HEAD_BIAS], generator[1:0])[0] - head
-    moment = head_fit.generator_of(*(reply[index] for index in indices))
-    np.testing.assert_allclose(moment, np.multiply.outer(condition, change), rtol=1e-4, atol=1e-6)
+    moment = head_fit.generator_of(*(reply[index] for index in indices)) - generator  # a change from what was sent
+    np.testing.assert_allclose(moment, np.multiply.outer(condition, change), rtol=1e-3, atol=1e-5)
+    # So Flower's client-side clipping (client-level DP), which clips reply minus instruction, scales the
+    # trunk's update and both products alike: nothing of the reply escapes it.
+    clipped = [array.copy() for array in reply]
+    compute_clip_model_update(clipped, instruction, 0.01)
+    scale = 0.01 / np.sqrt(sum(np.sum((np.float64(r) - i) ** 2) for r, i in zip(reply, instruction, strict=True)))
+    np.testing.assert_allclose(clipped[-1], instruction[-1] + scale * (reply[-1] - instruction[-1]), rtol=1e-4)
+    np.testing.assert_allclose(head_fit.generator_of(*(clipped[index] for index in indices)) - generator,
+                               scale * moment, rtol=1e-3, atol=1e-8)  # fmt: skip
     # The client's reusable model keeps training its generator in other runs: nothing stays frozen.
     assert all(parameter.requires_grad for parameter in client.model.parameters())
 
@@ -122,7 +136,7 @@ def test_the_server_fits_the_generator_and_averages_the_rest_of_the_model():
     for offset, condition, change in zip((1.0, 3.0), conditions, changes, strict=True):
         moment, gram = head_fit.client_products(condition, change)
         model = [array + offset for array in current]
-        for index, array in zip(indices, head_fit.generator_arrays(moment, np.float32), strict=True):
+        for index, array in zip(indices, head_fit.generator_arrays(generator + moment, np.float32), strict=True):
             model[index] = array
         replies.append([*model, gram.astype(np.float32)])
     results = [(p, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(r), 10, {})) for p, r in enumerate(replies)]
@@ -139,13 +153,74 @@ def test_the_server_fits_the_generator_and_averages_the_rest_of_the_model():
         strategy.combine(2, [(0, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(current), 10, {}))])
 
 
+def test_the_noisy_step_moves_the_generator_along_the_directions_the_gram_holds_above_its_noise():
+    rng = np.random.default_rng(4)
+    size, noise = 6, 0.01
+    # Two fingerprint directions carry the clients' signal; the other four hold noise alone.
+    basis = np.linalg.qr(rng.standard_normal((size, size)))[0]
+    gram = basis[:, :2] @ np.diag([1.0, 0.5]) @ basis[:, :2].T + noise * rng.standard_normal((size, size))
+    generator, moment = rng.standard_normal((size, 3, 4)), rng.standard_normal((size, 3, 4))
+    stepped = head_fit.noisy_ridge_step(generator, moment, gram, 0.1, noise)
+    change = (stepped - generator).reshape(size, -1)
+    # Nothing moves along the noise's directions; along the signal's, the noise-free fit's change there.
+    assert np.abs(basis[:, 2:].T @ change).max() < 0.05 * np.abs(change).max()
+    signal = basis[:, :2].T @ moment.reshape(size, -1) / np.array([[1.1], [0.6]])  # (eigenvalue + ridge)^-1
+    np.testing.assert_allclose(basis[:, :2].T @ change, signal, rtol=0.05, atol=0.05)
+    # Without the cut, the noise's directions take the most of the step: (small + 0.1)^-1 ~ 10.
+    exact = (head_fit.ridge_step(generator, moment, (gram + gram.T) / 2, 0.1) - generator).reshape(size, -1)
+    assert np.linalg.norm(basis[:, 2:].T @ exact) > np.linalg.norm(basis[:, :2].T @ exact)
+
+
+def test_under_client_level_dp_the_fit_reads_the_noised_means_then_steps():
+    from fedcond.federation.client_dp import noise_std_on_the_mean, with_client_dp
+
+    settings = {**RIDGE, "client-dp": "client-side", "client-dp-noise-multiplier": 0.5, "server-momentum": 0.5}
+    config = run_config(settings)
+    check_run(config)  # accepted before anything starts, FedAvgM included
+    inputs = StrategyInputs(config, 10, True, None, scenario=scenario_for(config))
+    strategy = FedcondStrategy(get_method("conditional").strategy(inputs))
+    method = strategy.method
+    wrapper = with_client_dp(strategy, config)
+    current = list(method.current)
+    indices = head_fit.head_indices(method.array_names)
+    generator = head_fit.generator_of(*(current[index] for index in indices))
+    rng = np.random.default_rng(3)
+    moment = rng.standard_normal(generator.shape) * 0.01
+    noised_gram = rng.standard_normal((len(generator), len(generator)))  # noise: neither symmetric nor PSD
+    mean = [array + 0.25 if array.dtype.kind == "f" else array for array in current]
+    for index, array in zip(indices, head_fit.generator_arrays(generator + moment, np.float32), strict=True):
+        mean[index] = array
+    # The wrapper's step after its noise: the fit from the noised means, the rest averaged, then FedAvgM
+    # (its first step from the model sent, velocity 0: the mean itself).
+    new = parameters_to_ndarrays(wrapper.stepped_after_noise(ndarrays_to_parameters([*mean, noised_gram])))
+    assert len(new) == len(current)
+    noise = noise_std_on_the_mean(config)
+    assert noise == pytest.approx(0.5 * 1.0 / 6)
+    fitted = head_fit.noisy_ridge_step(generator, moment, noised_gram, 0.1, noise)
+    np.testing.assert_allclose(head_fit.generator_of(*(new[index] for index in indices)), fitted, rtol=1e-3,
+                               atol=1e-5)  # fmt: skip
+    trunk = next(index for index, array in enumerate(current) if index not in indices and array.dtype.kind == "f")
+    np.testing.assert_allclose(new[trunk], current[trunk] + 0.25, rtol=1e-5)
+
+
+def test_a_ridge_run_under_client_level_dp_trains_and_accounts(tmp_path):
+    # A clip far above the updates and little noise: the path (layout, clip, noise, fit) with a model that learns.
+    config = run_config({**RIDGE, "num-server-rounds": 2, "results-dir": str(tmp_path), "client-dp": "client-side",
+                         "client-dp-noise-multiplier": 0.001, "client-dp-clipping-norm": 10.0})  # fmt: skip
+    recorder, _ = run_in_process(config)
+    rows = read_history(recorder.folder / "history.csv")
+    assert [row["round"] for row in rows] == ["1", "2"] and float(rows[-1]["accuracy"]) > 0.2
+    info = json.loads((recorder.folder / "run.json").read_text())
+    assert info["status"] == "finished" and info["privacy"]["client_level"]["epsilon_by_round"][-1] > 0
+
+
 @pytest.mark.parametrize(
     ("settings", "refusal"),
     [
         ({"conditioning": "concat"}, "set conditioning=hyper, or head-fit=average"),
         ({"head-fit": "exact"}, "unknown head-fit 'exact'; choose one of average, ridge"),
         ({"head-fit-ridge": 0.0}, "head-fit-ridge must be positive"),
-        ({"client-dp": "client-side"}, "set head-fit=average, or client-dp=off"),
+        ({"client-dp": "server-side"}, "no head-fit=ridge Gram matrix; use client-dp=client-side"),
     ],
 )
 def test_a_head_fit_that_cannot_apply_is_refused_in_one_line(settings, refusal):
@@ -172,9 +247,13 @@ def test_secaggplus_gives_the_server_the_fits_means_and_no_clients_own():
     federation = {**RIDGE, "num-clusters": 2, "condition-scale": "unit"}
     config = run_config({**federation, "secure-aggregation": "secaggplus"}).resolved()
     check_run(config)
-    sent = get_weights(build_run_model(config, 10, conditioned=True))
+    model = build_run_model(config, 10, conditioned=True)
+    sent = get_weights(model)
+    size = len(sent[list(model.state_dict()).index(head_fit.GENERATOR)]) + 1
     round_config = {SERVER_ROUND: 1}
-    outcome = secure_round(InProcessGrid(config), config, range(config.num_training_clients), sent, round_config)
+    instruction = [*sent, np.zeros((size, size), dtype=np.float32)]  # the server's training instruction
+    outcome = secure_round(InProcessGrid(config), config, range(config.num_training_clients), instruction,
+                           round_config)  # fmt: skip
     assert outcome.contributors == list(range(config.num_training_clients))
     *model, gram, _loss = outcome.mean
     assert len(model) == len(sent)

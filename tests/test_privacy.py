@@ -431,6 +431,22 @@ def test_client_level_dp_clips_every_update_and_keeps_the_history(tmp_path, mode
     assert client_level["clients_per_round"] == 2 and client_level["epsilon_by_round"] == [None, None]
 
 
+@pytest.mark.parametrize("method", ["fedavg", "oracle"])
+def test_the_in_process_runner_clips_client_side_as_the_clientapps_mod_does(tmp_path, method):
+    from fedcond.tools.in_process import run_in_process
+
+    # No noise and a clipping norm of 1e-9: no model can move, so both rounds evaluate the same models.
+    config = run_config({
+        **SMALL, "method": method, "num-server-rounds": 2, "client-dp": "client-side",
+        "client-dp-noise-multiplier": 0.0, "client-dp-clipping-norm": 1e-9, "results-dir": str(tmp_path / "results"),
+        "verbose": False,
+    })  # fmt: skip
+    run_in_process(config)
+    rows, info = read_run(tmp_path / "results")
+    assert info["status"] == "finished" and [int(row["round"]) for row in rows] == [1, 2]
+    assert rows[0]["accuracy"] == rows[1]["accuracy"] and rows[0]["loss"] == rows[1]["loss"]
+
+
 def test_client_level_dp_stops_a_round_that_lost_a_client_with_its_reason():
     from flwr.server.server import fit_clients
 
@@ -648,9 +664,13 @@ def test_client_level_dp_clips_noises_and_accounts_the_fingerprint_statistics_it
     np.random.seed(7)
     noise = [np.random.normal(0, 0.5, dim), np.random.normal(0, 0.5, dim)]
     total = np.sum(clipped, axis=0)
-    expected_mean, expected_std = fp.mean_and_std(total[:dim] + noise[0], total[dim : 2 * dim] + noise[1], 4)
+    sums = total[:dim] + noise[0], total[dim : 2 * dim] + noise[1]
+    # The variance no lower than the noise's std on it (0.5 / 4 clients): below that an estimate is noise,
+    # and a z-score by it blows the fingerprint up (here most values' would be 0, then floored at 1e-8).
+    expected_mean, expected_std = fp.mean_and_std(*sums, 4, 0.5 / 4)
     np.testing.assert_allclose(mean, expected_mean, atol=1e-9)
     np.testing.assert_allclose(std, expected_std, atol=1e-9)
+    assert std.min() == pytest.approx(np.sqrt(0.125)) and (fp.mean_and_std(*sums, 4)[1] < 0.1).mean() > 0.5
     assert not np.allclose(mean, exact_mean, atol=1e-3)
     # Accounted as one more release at rate 1: round r's epsilon is that of r + 1 releases.
     assert record["released_sums"] == 1 and record["noise_std_on_each_released_sum"] == 0.5

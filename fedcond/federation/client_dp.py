@@ -171,7 +171,9 @@ class _FedcondClientDp:
         if noised is None:
             return None
         method = cast(AveragesOneModel, self.strategy.method)
-        mean = valid_statistics(method.array_names, parameters_to_ndarrays(noised))
+        names, arrays = method.array_names, parameters_to_ndarrays(noised)
+        # After the model a reply may carry more (head-fit=ridge's Gram matrix, which its step makes valid).
+        mean = [*valid_statistics(names, arrays[: len(names)]), *arrays[len(names) :]]
         return ndarrays_to_parameters(method.server_step(mean))
 
     def every_reply_counted_once(
@@ -276,15 +278,26 @@ def with_client_dp(strategy: FedcondStrategy, config: RunConfig) -> Strategy:
     return wrapper(strategy, noise, clip, clients_per_round(config))
 
 
+def noise_std_on_the_mean(config: RunConfig) -> float:
+    """The std of the noise on each value of a round's mean of one model (the wrappers' noise)."""
+    return compute_stdv(
+        CLIENT_DP_NOISE_MULTIPLIER.of(config), CLIENT_DP_CLIPPING_NORM.of(config), clients_per_round(config)
+    )
+
+
 def noised_sum(arrays: Model, config: RunConfig) -> Model:
     """A released sum of contributions each client clipped to client-dp-statistics-clipping-norm,
     with Gaussian noise of std noise-multiplier x that bound on each value: one client added or
     removed moves the sum by at most the bound. Drawn as Flower draws the rounds' noise (NumPy's
     global generator)."""
-    std = CLIENT_DP_NOISE_MULTIPLIER.of(config) * CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config)
     noised = [np.asarray(array, dtype=np.float64).copy() for array in arrays]
-    add_gaussian_noise_inplace(noised, std)
+    add_gaussian_noise_inplace(noised, noised_sum_std(config))
     return noised
+
+
+def noised_sum_std(config: RunConfig) -> float:
+    """The std of ``noised_sum``'s noise on each value: noise-multiplier x the statistics' bound."""
+    return CLIENT_DP_NOISE_MULTIPLIER.of(config) * CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config)
 
 
 def describe(config: RunConfig, released_sums: int = 0, per_model: bool = False) -> dict[str, object] | None:
@@ -321,7 +334,7 @@ def describe(config: RunConfig, released_sums: int = 0, per_model: bool = False)
         **(
             {
                 "statistics_clipping_norm": CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config),
-                "noise_std_on_each_released_sum": noise * CLIENT_DP_STATISTICS_CLIPPING_NORM.of(config),
+                "noise_std_on_each_released_sum": noised_sum_std(config),
             }
             if released_sums
             else {}

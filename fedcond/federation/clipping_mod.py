@@ -15,9 +15,18 @@ from __future__ import annotations
 
 from flwr.client.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
-from flwr.common import Context, Message, MessageType, MetricRecord
+from flwr.common import (
+    Context,
+    FitIns,
+    FitRes,
+    Message,
+    MessageType,
+    MetricRecord,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.compat.common import recorddict_compat
-from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_clip_model_update
 
 from fedcond.federation.messages import ERROR
 
@@ -50,3 +59,16 @@ def client_dp_clipping_mod(message: Message, context: Context, call_next: Client
 
 def _reports_error(reply: Message) -> bool:
     return ERROR in recorddict_compat.recorddict_to_fitres(reply.content, keep_input=True).metrics
+
+
+def clipped_without_messages(instruction: FitIns, reply: FitRes) -> FitRes:
+    """What the mod makes of a reply, for a runner that calls clients without messages
+    (fedcond/tools/in_process.py): Flower's own clip (``compute_clip_model_update``, which
+    ``fixedclipping_mod`` calls) of the reply minus the instruction, and one sample; a reply without the
+    server's clipping norm, or one that reports an error, as it is."""
+    if KEY_CLIPPING_NORM not in instruction.config or ERROR in reply.metrics:
+        return reply
+    arrays = parameters_to_ndarrays(reply.parameters)
+    sent = parameters_to_ndarrays(instruction.parameters)
+    compute_clip_model_update(arrays, sent, float(instruction.config[KEY_CLIPPING_NORM]))  # type: ignore[arg-type]
+    return FitRes(reply.status, ndarrays_to_parameters(arrays), 1, reply.metrics)

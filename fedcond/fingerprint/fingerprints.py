@@ -153,12 +153,16 @@ def normalise(raw: np.ndarray, normalisation: str, mean: np.ndarray | None, std:
     return raw
 
 
-def mean_and_std(total: np.ndarray, total_of_squares: np.ndarray, count: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per-dimension mean and population standard deviation from the two sums and the count."""
+def mean_and_std(
+    total: np.ndarray, total_of_squares: np.ndarray, count: float, variance_floor: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-dimension mean and population standard deviation from the two sums and the count; the
+    variance at least ``variance_floor`` (sums noised by client-level DP: the noise's own std on the
+    variance, below which an estimate is noise and a z-score by it would blow the fingerprint up)."""
     if count < 1:
         raise FedcondError("federated normalisation received no client statistics; check that clients answered")
     mean = total / count
-    variance = np.maximum(total_of_squares / count - mean**2, 0.0)
+    variance = np.maximum(total_of_squares / count - mean**2, variance_floor)
     return mean, np.sqrt(variance)
 
 

@@ -11,9 +11,13 @@ one while it trains).
 
 Here each client instead trains its own head as a plain layer: it writes its generated head into the
 base head, holds the generator's blocks at zero (frozen) and trains as Oracle's or FedAvg's client
-would; it returns the trunk as it is and, in the head's place, the products ``s~ (x) dH`` (the
-generator's shape) and ``s~ s~^T`` ((d + 1) x (d + 1), one array more). Their sample-weighted means
-are all the server needs to take the ridge step
+would; it returns the trunk as it is and the products ``s~ (x) dH`` (the generator's shape) and
+``s~ s~^T`` ((d + 1) x (d + 1)), each as a change from what it was sent: the training instruction
+carries the model and a zero Gram matrix (one array more), and the reply the sent generator plus
+``s~ (x) dH`` in the output layer's arrays and the sent Gram plus ``s~ s~^T`` after them. A reply
+minus its instruction is then the trunk's update and the two products, which Flower's client-side
+clipping (client-level DP) bounds as one vector. The server subtracts the generator it sent from
+the mean; the sample-weighted means of the products are all it needs to take the ridge step
 
     G <- G + (P + ridge I)^-1 M,    P = sum_i w_i s~_i s~_i^T,    M = sum_i w_i s~_i dH_i^T,
 
@@ -26,8 +30,12 @@ in the clear is exact: since ``s~_0 = 1``, row 0 of its ``s~ s~^T`` is ``[1, c]`
 the model reads it, sign included, and row 0 of ``s~ (x) dH`` is ``dH``, its head's exact change in
 the round (a plain update of a hyper head gives the fingerprint away too, ``tests/test_adversary.py``).
 Under SecAgg+ the server sees the sample-weighted means alone; with ``fingerprint-epsilon`` both
-products are computed from the noised fingerprint. The step is the same whatever scale the
-fingerprint is read at, up to ``ridge``.
+products are computed from the noised fingerprint. Under client-level DP each client's trunk update
+and products are clipped together, the server noises their unweighted mean (a clipped client counts
+as a client whose products are scaled down, as in a weighted least-squares fit), and the step reads
+the noised Gram matrix only along the directions it holds above its noise (``noisy_ridge_step``:
+post-processing, so the guarantee stands). The step is the same whatever scale the fingerprint is
+read at, up to ``ridge``.
 """
 
 from __future__ import annotations
@@ -112,6 +120,34 @@ def generated_head(generator: np.ndarray, condition: np.ndarray) -> np.ndarray:
     return np.tensordot(condition, generator, axes=1)
 
 
+def split_instruction(parameters: Sequence[np.ndarray], model_arrays: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """A training instruction's model and the Gram matrix the reply's is a change from (zero)."""
+    if len(parameters) != model_arrays + 1:
+        raise FedcondError(
+            f"head-fit=ridge expects the model's {model_arrays} arrays and a Gram matrix in a training instruction, "
+            f"got {len(parameters)}; server and clients disagree on head-fit"
+        )
+    return list(parameters[:-1]), np.asarray(parameters[-1], dtype=np.float64)
+
+
+def noisy_ridge_step(generator: np.ndarray, moment: np.ndarray, gram: np.ndarray, ridge: float, noise_std: float
+                     ) -> np.ndarray:  # fmt: skip
+    """``ridge_step`` from means noised by client-level DP (std ``noise_std`` on each value): the Gram
+    matrix made symmetric, and the step taken only along its eigenvectors whose eigenvalue stands above
+    the noise's spectral norm (2 x std x sqrt(size), the edge of a symmetric Gaussian matrix's spectrum).
+    The other directions are those no client's fingerprint spans, where P holds noise alone and
+    (P + ridge I)^-1 would multiply M's noise by up to 1 / ridge; there the generator keeps its rows.
+    Post-processing of what DP released: the guarantee stands."""
+    _check_shapes(generator, moment, gram)
+    size = len(generator)
+    symmetric = (np.asarray(gram, dtype=np.float64) + np.asarray(gram, dtype=np.float64).T) / 2
+    values, vectors = np.linalg.eigh(symmetric)
+    kept = values > 2 * noise_std * np.sqrt(size)
+    inverse = np.where(kept, 1.0 / (np.maximum(values, 0.0) + ridge), 0.0)
+    change = (vectors * inverse) @ (vectors.T @ np.asarray(moment, dtype=np.float64).reshape(size, -1))
+    return generator + change.reshape(generator.shape)
+
+
 def client_products(condition: np.ndarray, head_change: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """What a client sends for the fit: s~ (x) dH (the generator's shape) and s~ s~^T."""
     return np.multiply.outer(condition, head_change), np.outer(condition, condition)
@@ -119,15 +155,20 @@ def client_products(condition: np.ndarray, head_change: np.ndarray) -> tuple[np.
 
 def ridge_step(generator: np.ndarray, moment: np.ndarray, gram: np.ndarray, ridge: float) -> np.ndarray:
     """G + (P + ridge I)^-1 M, from the means P (``gram``) and M (``moment``) of the clients' products."""
+    _check_shapes(generator, moment, gram)
+    size = len(generator)
+    system = np.asarray(gram, dtype=np.float64) + ridge * np.eye(size)
+    change = np.linalg.solve(system, np.asarray(moment, dtype=np.float64).reshape(size, -1))
+    return generator + change.reshape(generator.shape)
+
+
+def _check_shapes(generator: np.ndarray, moment: np.ndarray, gram: np.ndarray) -> None:
     size = len(generator)
     if gram.shape != (size, size) or moment.shape != generator.shape:
         raise FedcondError(
             f"the head fit got a {gram.shape} Gram matrix and a {moment.shape} moment for a {generator.shape} "
             "generator; server and clients disagree on the model"
         )
-    system = np.asarray(gram, dtype=np.float64) + ridge * np.eye(size)
-    change = np.linalg.solve(system, np.asarray(moment, dtype=np.float64).reshape(size, -1))
-    return generator + change.reshape(generator.shape)
 
 
 class PlainHead:

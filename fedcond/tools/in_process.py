@@ -6,8 +6,8 @@ A second or so per small run: for tests that compare protocols method by method,
 ``fedcond sweep --runner in-process`` (a GPU machine without Ray). It has no grid, so no SecAgg+: the
 conditioned methods' fingerprint statistics (``normalisation=federated``) are summed in the clear here
 (``plain_sum``: the same statistics, the same mean and standard deviation every client receives), and
-secure aggregation of model updates is refused. No client mods (client-level DP only with server-side
-clipping).
+secure aggregation of model updates is refused. Of the client mods, client-level DP's clipping
+(``client-dp = "client-side"``) applies as the ClientApp's mod applies it (``clipped_without_messages``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from flwr.server.client_proxy import ClientProxy
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.federation.client_app import build_client
+from fedcond.federation.clipping_mod import clipped_without_messages
 from fedcond.federation.membership import PartitionProxy
 from fedcond.federation.secagg_workflow import SecureSum
 from fedcond.federation.server_app import served_run
@@ -54,7 +55,7 @@ class InProcessNode(ClientProxy):
 
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
         self.messages["fit"] += 1
-        return build_client(self.context, self.config).fit(ins)
+        return clipped_without_messages(ins, build_client(self.context, self.config).fit(ins))
 
     def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
         self.messages["evaluate"] += 1
