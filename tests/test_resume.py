@@ -493,7 +493,7 @@ def test_per_client_server_state_is_saved_and_restored_by_partition_id(method):
 
     replies = [(pid, reply(pid)) for pid in range(4)]
     for pid in range(4):  # what each client is sent (pFedHN measures each update from it)
-        before.instruction(FIT, pid, None, {})
+        before.instruction(FIT, pid, before.initial_global(), {})
     before.combine(1, replies)
     assert method != "cfl" or len(before.models) == 2
     models, values = before.state()
