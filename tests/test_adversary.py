@@ -252,7 +252,7 @@ def test_the_attack_on_a_methods_real_replies_recovers_each_clients_fingerprint(
     from tests.scripts import load_script
 
     attack = load_script("benchmarks/attack_messages.py")
-    settings = {"method": "scaled-hyper", "head-fit": head, "num-clusters": 2, "clients-per-cluster": 2,
+    settings = {"method": "recommended", "head-fit": head, "num-clusters": 2, "clients-per-cluster": 2,
                 "data-fraction": 0.2, "local-epochs": 1}  # fmt: skip
     cells = attack.views(settings, attack.round_one(settings), clip=1.0, noises=[1.0], repeats=1)
     assert float(cells[0]) == pytest.approx(1.0, abs=1e-3)  # each client's reply, attacked alone

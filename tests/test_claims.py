@@ -245,30 +245,33 @@ folders = ["results/a", "results/b"]
 
 
 def test_the_method_choice_ranks_federated_methods_by_their_named_variant_and_keeps_oracle_apart(tmp_path):
-    scaled = {"label": "hyper-unit-zero", "method": "conditional", "fingerprint": "class-mean",
-              "conditioning": "hyper", "condition-scale": "unit", "hyper-init": "zero"}  # fmt: skip
+    scaled = {"label": "hyper-unit-zero", "method": "conditional", "fingerprint": "class-mean", "conditioning": "hyper",
+              "condition-scale": "unit", "hyper-init": "zero", "server-momentum": 0.5}  # fmt: skip
     diagnostic = {"label": "half", "method": "conditional", "condition-scale": "half"}
+    fedavgm = {"label": "fedavg-m", "method": "fedavg", "server-momentum": 0.5}
     results_folder(tmp_path / "results" / "a", {("fedavg", 0): 0.80, ("fedavg", 1): 0.81, ("fedavg", 2): 0.79,
                                                 ("oracle", 0): 0.97, ("pooled-global", 0): 0.99,
                                                 ("conditional", 0): 0.70, ("ifca", 0): 0.95})  # fmt: skip
     results_folder(
         tmp_path / "results" / "b",
         {(scaled["label"], 0): 0.90, (scaled["label"], 1): 0.88, (scaled["label"], 2): 0.89, ("oracle", 0): 0.96,
-         ("oracle", 1): 0.95, ("half", 0): 0.99},
-        methods=[scaled, diagnostic, "oracle"],
+         ("oracle", 1): 0.95, ("half", 0): 0.99, ("fedavg-m", 0): 0.85},
+        methods=[scaled, diagnostic, "oracle", fedavgm],
     )  # fmt: skip
     claims = load_claims(claims_file(tmp_path, CHOICE))
     ranked, reference = ranked_methods(claims.choices[0])
-    # The labelled entry is the named variant scaled-hyper; an unnamed diagnostic and the pooled
-    # protocol are no choice; Oracle comes from the folder with more seeds.
-    assert [(entry.method, entry.seeds) for entry in ranked] == [
-        ("ifca", 1), ("scaled-hyper", 3), ("fedavg", 3), ("conditional", 1)
+    # The labelled entry is the named variant recommended, its server optimiser set apart and shown;
+    # FedAvg with FedAvgM is FedAvg, never mixed with the plain one; an unnamed diagnostic and the
+    # pooled protocol are no choice; Oracle comes from the folder with more seeds.
+    assert [(entry.method, entry.optimiser, entry.seeds) for entry in ranked] == [
+        ("ifca", "", 1), ("recommended", "FedAvgM 0.5", 3), ("fedavg", "FedAvgM 0.5", 1), ("fedavg", "", 3),
+        ("conditional", "", 1)
     ]  # fmt: skip
     assert reference is not None and (reference.method, reference.seeds) == ("oracle", 2)
     row = choice_table(claims, tmp_path)[2]
     # IFCA's one seed scores highest, and a one-seed ranking names no winner: best and runner-up are
     # the methods run at 3 seeds or more.
-    assert "`scaled-hyper` 0.890 (3 seeds) | `fedavg` 0.800 (3 seeds) | +9.00 ± " in row
+    assert "`recommended` (FedAvgM 0.5) 0.890 (3 seeds) | `fedavg` 0.800 (3 seeds) | +9.00 ± " in row
     assert "ifca" not in row and "`conditional` 0.700 (1 seed)" in row and "`oracle` 0.955 (2 seeds)" in row
 
 

@@ -19,14 +19,14 @@ TINY = {"num-clusters": 2, "clients-per-cluster": 2, "num-server-rounds": 2, "ve
 def finished_runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("runs")
     runs = {}
-    for method, extra in (("scaled-hyper", {}), ("oracle", {})):
+    for method, extra in (("recommended", {}), ("oracle", {})):
         config = run_config({"method": method, **TINY, **extra, "results-dir": str(folder), "run-name": method})
         recorder, _ = run_in_process(config)
         runs[method] = recorder.folder
     return runs
 
 
-@pytest.mark.parametrize("method", ["scaled-hyper", "oracle"])
+@pytest.mark.parametrize("method", ["recommended", "oracle"])
 def test_the_rebuilt_models_score_what_the_run_recorded(finished_runs, method):
     _, scores = load_script("experiments/head_probe.py").probe_run(finished_runs[method], "")
     assert scores["own head"] == pytest.approx(scores["recorded"], abs=1e-9)

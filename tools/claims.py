@@ -622,26 +622,41 @@ def verdicts_markdown(claims: Claims, base: Path) -> list[str]:
     ]
 
 
-def _named_methods(folder: Path) -> dict[str, str]:
-    """The method column's labels of ``folder`` that a user can name, and that name: a plain method
-    is its own; a labelled entry fixing exactly a named variant's settings is that variant."""
+def _named_methods(folder: Path) -> dict[str, tuple[str, str]]:
+    """The method column's labels of ``folder`` that a user can name: label -> (that name, its server
+    optimiser). A plain method is its own name; a labelled entry fixing exactly a named variant's
+    settings is that variant. The server optimiser is a setting of every averaging arm, not of a method
+    (docs/comparisons.md): it is set apart from the rest, so that FedAvg with FedAvgM is `fedavg`, shown
+    with its optimiser, and arms of one method with different optimisers are never mixed up."""
     from fedcond.federation.methods import registry
+    from fedcond.model.server_optimiser import OPTIONS as SERVER_OPTIMISER
 
     experiment = load_experiment(folder)
     methods = registry()
-    names: dict[str, str] = {}
+    optimiser_keys = {option.key: option.default for option in SERVER_OPTIMISER}
+    names: dict[str, tuple[str, str]] = {}
     for entry in experiment.axes.get("method", []):
         if isinstance(entry, str):
-            names[entry] = entry
+            names[entry] = entry, ""
             continue
         label, base = str(entry["label"]), str(entry.get("method", ""))
-        settings = {key: value for key, value in entry.items() if key not in ("label", "method")}
+        settings = {key: value for key, value in entry.items() if key not in ("label", "method", *optimiser_keys)}
+        optimiser = server_optimiser_name({key: entry.get(key, default) for key, default in optimiser_keys.items()})
         for name, method in methods.items():
-            if method.variant_of == base and dict(method.fixed_settings) == settings:
-                names[label] = name
+            fixed = {key: value for key, value in method.fixed_settings if key not in optimiser_keys}
+            if method.variant_of == base and fixed == settings:
+                names[label] = name, optimiser
         if not settings and base in methods:
-            names[label] = base
+            names[label] = base, optimiser
     return names
+
+
+def server_optimiser_name(settings: Mapping[str, Any]) -> str:
+    """ "" for plain FedAvg's server (momentum 0, learning rate 1), else "FedAvgM 0.5" (", lr 0.8")."""
+    momentum, rate = float(settings.get("server-momentum", 0.0)), float(settings.get("server-learning-rate", 1.0))
+    if momentum == 0 and rate == 1:
+        return ""
+    return f"FedAvgM {momentum:g}" + (f", lr {rate:g}" if rate != 1 else "")
 
 
 @dataclass(frozen=True)
@@ -652,6 +667,12 @@ class Ranked:
     finals: Mapping[str, float]
     #: Seed -> final validation accuracy of the same runs, for the seeds that held a split out.
     validation: Mapping[str, float] = field(default_factory=dict)
+    #: Its server optimiser ("" plain FedAvg's, "FedAvgM 0.5"): shown beside its name.
+    optimiser: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"`{self.method}`" + (f" ({self.optimiser})" if self.optimiser else "")
 
     @property
     def validated(self) -> bool:
@@ -669,22 +690,24 @@ def ranked_methods(choice: Choice) -> tuple[list[Ranked], Ranked | None]:
     if any(other != settings[0] for other in settings[1:]):
         raise FedcondError(f"choice '{choice.shift}': its folders ran different settings; list one setting's folders")
     methods = registry()
-    found: dict[str, tuple[Mapping[str, float], Mapping[str, float]]] = {}
+    found: dict[tuple[str, str], tuple[Mapping[str, float], Mapping[str, float]]] = {}
     for folder in choice.folders:
         rows = metrics_rows(folder)
-        for label, name in _named_methods(folder).items():
+        for label, named in _named_methods(folder).items():
             side = Side(label, choice.where)
             finals = final_by_seed(rows, side)
-            if finals and len(finals) > len(found.get(name, ({}, {}))[0]):
-                found[name] = finals, final_by_seed(rows, side, VALIDATION_COLUMN)
+            if finals and len(finals) > len(found.get(named, ({}, {}))[0]):
+                found[named] = finals, final_by_seed(rows, side, VALIDATION_COLUMN)
     ranked, reference = [], None
-    for name, (finals, validation) in found.items():
-        entry = Ranked(name, float(np.mean(list(finals.values()))), len(finals), finals, validation)
+    for (name, optimiser), (finals, validation) in found.items():
+        entry = Ranked(name, float(np.mean(list(finals.values()))), len(finals), finals, validation, optimiser)
         method = methods[name]
         if method.protocol != "federated":
             continue
         if method.needs_true_clusters:
-            reference = entry
+            # One Oracle per row: the one with the most seeds (a folder may hold it under two optimisers).
+            if reference is None or entry.seeds > reference.seeds:
+                reference = entry
         else:
             ranked.append(entry)
     ranked.sort(key=lambda entry: -entry.mean)
@@ -696,7 +719,7 @@ def _seeds(count: int) -> str:
 
 
 def _ranked_cell(entry: Ranked | None) -> str:
-    return f"`{entry.method}` {entry.mean:.3f} ({_seeds(entry.seeds)})" if entry else "not run"
+    return f"{entry.name} {entry.mean:.3f} ({_seeds(entry.seeds)})" if entry else "not run"
 
 
 #: The fewest seeds a method needs to be named best or runner-up in the README's method-choice table:
