@@ -283,6 +283,17 @@ def test_a_shift_without_two_methods_at_three_seeds_names_no_winner(tmp_path):
     assert "| not ranked: 1 method(s) at 3 seeds or more | — | — |" in row
 
 
+def test_a_shift_whose_declared_folder_has_not_run_yet_is_pending_not_an_error(tmp_path):
+    # results/a is a queued sweep's folder: it exists, its first run has not finished.
+    (tmp_path / "results" / "a").mkdir(parents=True)
+    results_folder(tmp_path / "results" / "b", {("ifca", 0): 0.95})
+    row = choice_table(load_claims(claims_file(tmp_path, CHOICE)), tmp_path)[2]
+    assert "(a, not run yet, [b](results/b)) | — | not ranked: 0 method(s) at 3 seeds or more |" in row
+    nothing = CHOICE.replace('["results/a", "results/b"]', '["results/a"]')
+    row = choice_table(load_claims(claims_file(tmp_path, nothing)), tmp_path)[2]
+    assert "| not ranked: 0 method(s) at 3 seeds or more | — | — | not run | not run |" in row
+
+
 def test_the_method_choice_ranks_on_validation_where_every_ranked_run_held_a_split_out(tmp_path):
     # fedavg's test accuracy is the higher, ifca's validation accuracy: validation names the best, and
     # the cells and the gap report test accuracy (here against the winner).

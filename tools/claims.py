@@ -462,7 +462,12 @@ def _difference(measured: Measured) -> str:
 
 def _folder_link(folder: Path, base: Path) -> str:
     """A results folder's link, or its name and that it has not run (a comparison declared before its runs)."""
-    return f"[{folder.name}]({_link(folder, base)})" if folder.is_dir() else f"{folder.name}, not run yet"
+    # Its reports, not the folder: a queued sweep's folder exists before its first run has finished.
+    return (
+        f"[{folder.name}]({_link(folder, base)})"
+        if (folder / METRICS_FILE).is_file()
+        else f"{folder.name}, not run yet"
+    )
 
 
 def _compared(measured: Measured) -> str:
@@ -686,12 +691,14 @@ def ranked_methods(choice: Choice) -> tuple[list[Ranked], Ranked | None]:
     of ``choice``'s folders is taken from the one with the most seeds (the first of them on a tie)."""
     from fedcond.federation.methods import registry
 
-    settings = [load_experiment(folder).settings for folder in choice.folders]
+    # A folder whose runs have not begun (a declared grid still queued) ranks nothing yet.
+    run = [folder for folder in choice.folders if (folder / METRICS_FILE).is_file()]
+    settings = [load_experiment(folder).settings for folder in run]
     if any(other != settings[0] for other in settings[1:]):
         raise FedcondError(f"choice '{choice.shift}': its folders ran different settings; list one setting's folders")
     methods = registry()
     found: dict[tuple[str, str], tuple[Mapping[str, float], Mapping[str, float]]] = {}
-    for folder in choice.folders:
+    for folder in run:
         rows = metrics_rows(folder)
         for label, named in _named_methods(folder).items():
             side = Side(label, choice.where)
@@ -749,11 +756,9 @@ def choice_table(claims: Claims, base: Path) -> list[str]:
     ]
     for choice in claims.choices:
         ranked, reference = ranked_methods(choice)
-        if len(ranked) < 2:
-            raise FedcondError(f"choice '{choice.shift}': fewer than two federated methods ran; list other folders")
         eligible, ranked_on = by_selection_score([entry for entry in ranked if entry.seeds >= MIN_RANKED_SEEDS])
         conditional = next((entry for entry in ranked if entry.method == "conditional"), None)
-        links = ", ".join(f"[{folder.name}]({_link(folder, base)})" for folder in choice.folders)
+        links = ", ".join(_folder_link(folder, base) for folder in choice.folders)
         if len(eligible) < 2:
             unranked = f"not ranked: {len(eligible)} method(s) at {MIN_RANKED_SEEDS} seeds or more"
             ranked_on, best_cell, second_cell, gap = "—", unranked, "—", "—"
