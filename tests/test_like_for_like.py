@@ -69,3 +69,9 @@ def test_every_arm_that_averages_a_model_has_the_same_server_optimiser(grid, pro
     for label, settings in declared.items():
         if label not in averaging:
             assert server_optimiser(settings) == plain, label
+
+
+def test_a_profile_that_only_orders_the_e4b_runs_runs_e4bs_own_bundles():
+    every = arms("like-for-like.toml", "e4b")
+    first = arms("like-for-like.toml", "e4b-headline")
+    assert first and all(every[label] == settings for label, settings in first.items())
