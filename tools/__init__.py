@@ -7,3 +7,20 @@ experiments/REPRODUCTION.md with the claims' verdict table (``tools.claims``) an
 lines; ``tools.prose_numbers`` checks the numbers typed into the docs against the committed runs.
 ``tools`` imports ``fedcond``; ``fedcond`` never imports ``tools`` (tests/test_layers.py).
 """
+
+from collections.abc import Callable
+
+
+def reported(command: str, work: Callable[[], object]) -> int:
+    """A tool's exit status for ``work``: 0, or 2 with a user-fixable problem printed as one line
+    ("command: error: ..."), never a traceback."""
+    from fedcond.errors import FedcondError
+
+    try:
+        work()
+    except FedcondError as error:
+        import sys
+
+        print(f"{command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0

@@ -10,13 +10,13 @@ Run from a checkout; the installed ``fedcond reproduction`` writes the report wi
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from fedcond.errors import FedcondError
 from fedcond.tools.cli import add_reproduction_arguments, display_path
 from fedcond.tools.report import GENERATED_MARKER, reproduction_markdown, reproduction_notes
+from tools import reported
 from tools.claims import CLAIMS_FILE, load_claims, readme_block, verdicts_markdown, with_readme_block
 
 COMMAND = "python -m tools.reproduction"
@@ -80,12 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--readme", metavar="FILE", help="also rewrite this README's generated verdict lines and method-choice table"
     )
     arguments = parser.parse_intermixed_args(argv)
-    try:
-        reproduction(arguments.folders, arguments.out, arguments.notes, arguments.claims, arguments.readme)
-    except FedcondError as error:
-        print(f"{COMMAND}: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return reported(COMMAND, lambda: reproduction(arguments.folders, arguments.out, arguments.notes, arguments.claims,
+                                                  arguments.readme))  # fmt: skip
 
 
 if __name__ == "__main__":

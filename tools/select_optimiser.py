@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
 from fedcond.tools.experiment import load_experiment, read_grid_file
+from tools import reported
 from tools.claims import VALIDATION_COLUMN, metrics_rows
 
 GRID = Path("experiments/grids/like-for-like.toml")
@@ -73,7 +74,7 @@ def toml_entry(entry: Mapping | str) -> str:
 
 def read_choices(folder: Path, grid: Path = GRID, profile: str = PROFILE) -> list[Choice]:
     """Each competitor's candidates' final validation accuracy at ``SEED`` in ``folder``."""
-    rounds = int(load_experiment(folder).settings.get("num-server-rounds", 0)) if folder.is_dir() else 0
+    rounds = int(load_experiment(folder).settings.get("num-server-rounds", RunConfig().num_server_rounds))
     rows = metrics_rows(folder) if (folder / "metrics.csv").is_file() else []
     last: dict[str, tuple[int, float]] = {}
     for row in rows:
@@ -93,7 +94,7 @@ def read_choices(folder: Path, grid: Path = GRID, profile: str = PROFILE) -> lis
                 raise FedcondError(
                     f"{folder}: {bundle['label']} has no {VALIDATION_COLUMN}; run it with validation-fraction"
                 )
-            finals[str(bundle["label"])] = value if number == rounds and rounds > 0 else None
+            finals[str(bundle["label"])] = value if number == rounds else None
         optimised = {str(bundle["label"]): float(bundle.get("server-momentum", 0.0)) != 0 for bundle in bundles}
         choices.append(Choice(method, {str(_bundle(entry)["label"]): entry for entry in entries}, finals, optimised))
     return choices
@@ -119,12 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("folder", type=Path, help="the E4b comparison's folder (experiments/results/like-for-like-e4b)")
     parser.add_argument("--grid", type=Path, default=GRID, help=f"the grid declaring the candidates ({GRID})")
     args = parser.parse_args(argv)
-    try:
-        print(table(read_choices(args.folder, args.grid)))
-    except FedcondError as error:
-        print(f"select_optimiser: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return reported("select_optimiser", lambda: print(table(read_choices(args.folder, args.grid))))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedcond.errors import FedcondError
+from tools import reported
 from tools.claims import VALIDATION_COLUMN
 
 #: Within this much (accuracy, 0.1 points) of the best score a simpler candidate wins.
@@ -130,12 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="the selection's sweep folder (experiments/results/like-for-like)")
     args = parser.parse_args(argv)
-    try:
-        print(read_selection(args.folder).table())
-    except FedcondError as error:
-        print(f"select_recommended: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return reported("select_recommended", lambda: print(read_selection(args.folder).table()))
 
 
 if __name__ == "__main__":
