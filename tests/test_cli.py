@@ -127,14 +127,16 @@ def test_missing_experiment_file_is_reported(capsys):
 
 
 def test_a_named_variant_is_a_method_name_that_fixes_its_settings(tmp_path, capsys):
-    """method=recommended is conditional with class-mean + hyper wherever a method name goes; a
-    setting it fixes given another value is refused in one line, a default one takes its value."""
+    """method=recommended is conditional with class-mean + hyper (scaled, from zero) wherever a method
+    name goes; a setting it fixes given another value is refused in one line, a default one takes its
+    value; a retired variant's name is refused with the settings that run it now."""
     from fedcond.federation.methods import get_method, run_config
     from fedcond.tools.experiment import expand_methods
     from fedcond.tools.flwr_commands import default_config
 
     config = run_config({**default_config(), "method": "recommended"})  # Flower's merged run config
     assert (config.method, config.fingerprint, config.conditioning) == ("recommended", "class-mean", "hyper")
+    assert (config.condition_scale, config.hyper_init) == ("unit", "zero")
     assert (
         get_method("recommended").conditioned and get_method("recommended").client is get_method("conditional").client
     )
@@ -146,6 +148,8 @@ def test_a_named_variant_is_a_method_name_that_fixes_its_settings(tmp_path, caps
     out = tmp_path / "cmp"
     assert main(["compare", "--methods", "fedavg,recommended", "--out", str(out), "--dry-run"]) == 0
     assert "method-recommended_seed-0" in capsys.readouterr().out
+    assert main(["compare", "--methods", "fedavg,scaled-hyper-momentum", "--out", str(out), "--dry-run"]) == 2
+    assert "run method=recommended server-momentum=0.5" in capsys.readouterr().err
 
 
 @pytest.mark.slow

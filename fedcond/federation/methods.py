@@ -27,7 +27,7 @@ from fedcond.pooled import POOLED_METHODS, not_a_federation
 from fedcond.records.history import CHECKPOINT_EVERY, RESUME
 from fedcond.records.live_curves import LIVE_CURVES
 from fedcond.shared_options import CLIENT_SHARED, EVERY_METHOD, SERVER_OPTIMISER, SharedOptions
-from fedcond.variants import VARIANTS, client_path, with_variant_settings
+from fedcond.variants import RETIRED, VARIANTS, client_path, with_variant_settings
 
 if TYPE_CHECKING:
     from fedcond.federation.server_method import ServerMethod
@@ -210,6 +210,8 @@ def registry() -> dict[str, Method]:
 def get_method(name: str) -> Method:
     """The registered method ``name``, or a one-line error listing the known ones."""
     methods = registry()
+    if name in RETIRED:
+        raise FedcondError(f"method={name} is no longer a method name: run {RETIRED[name]} (docs/comparisons.md)")
     if name not in methods:
         raise FedcondError(f"unknown method '{name}'; choose one of {', '.join(methods)}")
     return methods[name]
