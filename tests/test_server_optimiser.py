@@ -21,7 +21,7 @@ from fedcond.federation.server_method import StrategyInputs
 from fedcond.federation.strategy import FedcondStrategy
 from fedcond.model.aggregation import weighted_average
 from fedcond.model.networks import build_model, build_run_model, trained_arrays
-from fedcond.model.server_optimiser import SERVER_MOMENTUM, ServerMomentum
+from fedcond.model.server_optimiser import SERVER_LEARNING_RATE, SERVER_MOMENTUM, ServerMomentum
 from fedcond.tools.experiment import read_history
 from fedcond.tools.in_process import run_in_process
 
@@ -359,6 +359,26 @@ def test_a_method_whose_server_averages_no_model_refuses_the_server_optimiser_in
     assert main(["run", "--dry-run", f"method={method}", "server-momentum=0.5"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("fedcond: error: server-momentum=0.5: ") and NOT_AVERAGING[method] in line
+
+
+def test_a_comparisons_server_optimiser_is_every_averaging_arms_and_no_arm_without_an_average():
+    """Given to the whole comparison (compare's settings, a grid's [settings]), FedAvgM goes to each arm
+    whose server averages a model and to none that has no average (it has no such tool); given to such
+    an arm by name (a bundle) it is still refused."""
+    from fedcond.tools.experiment import Experiment, plan
+    from fedcond.tools.flwr_commands import default_config
+
+    methods = ["fedavg", "ifca", *sorted(NOT_AVERAGING), "pooled-global"]
+    experiment = Experiment({**SMALL, **MOMENTUM}, {"method": methods, "seed": [0]})
+    planned = {run.config.method: run.config for run in plan(experiment, default_config(), Path("/nonexistent"))}
+    assert set(planned) == set(methods)
+    for method, config in planned.items():
+        averaging = get_method(method).strategy is not None and get_method(method).strategy.server_step_refusal is None
+        expected = (0.5, 0.8) if averaging else (0.0, 1.0)
+        assert (SERVER_MOMENTUM.of(config), SERVER_LEARNING_RATE.of(config)) == expected, method
+    bundle = {"label": "local-m", "method": "local", "server-momentum": 0.5}
+    with pytest.raises(FedcondError, match="local has no server average to step"):
+        plan(Experiment(dict(SMALL), {"method": [bundle], "seed": [0]}), default_config(), Path("/nonexistent"))
 
 
 def test_oracle_with_momentum_resumed_after_round_2_equals_the_uninterrupted_run(tmp_path, monkeypatch):

@@ -328,6 +328,28 @@ def _folder_name(labels: Mapping[str, str]) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", "_".join(parts)) or "run"
 
 
+def _with_comparison_server_optimiser(
+    given: dict[str, Any], fixed: Mapping[str, Any], combination: Sequence[Any], axes: Sequence[tuple[str, Any]]
+) -> dict[str, Any]:
+    """``given`` without the server optimiser the whole comparison was given (``fixed``: compare's
+    settings, a grid's [settings]) where this point's method has no server average to step (local,
+    gossip, DAC, pFedHN, the pooled references): a comparison's FedAvgM is every averaging arm's, the
+    same tool for each (docs/comparisons.md), and no tool for an arm without one. Given to such a
+    method by name (a bundle, or one run) it is still refused."""
+    from fedcond.federation.methods import get_method
+    from fedcond.model.server_optimiser import OPTIONS as SERVER_OPTIMISER
+
+    comparison_wide = {option.key for option in SERVER_OPTIMISER} & set(fixed)
+    for (axis, _), value in zip(axes, combination, strict=True):
+        comparison_wide -= set(_settings_of(axis, value))
+    if not comparison_wide:
+        return given
+    strategy = get_method(str(given.get("method", RunConfig.method))).strategy
+    if strategy is not None and strategy.server_step_refusal is None:
+        return given
+    return {key: value for key, value in given.items() if key not in comparison_wide}
+
+
 def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> list[PlannedRun]:
     """Every combination of axis values as a checked run (no data is loaded here)."""
     from fedcond.federation.checks import check_run
@@ -347,6 +369,7 @@ def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> lis
         for (axis, _), value in zip(axes, combination, strict=True):
             given.update(_settings_of(axis, value))
             labels[axis] = axis_label(value)
+        given = _with_comparison_server_optimiser(given, experiment.settings, combination, axes)
         name = _folder_name(labels)
         values = {**base, **given, "results-dir": str(runs_dir), "run-name": name, "verbose": False}
         config = run_config(values, given)
