@@ -60,7 +60,7 @@ def test_the_chosen_method_runs_as_recommended_is_defined_and_each_control_chang
 def test_every_arm_that_averages_a_model_has_the_same_server_optimiser(grid, profile):
     declared = arms(grid, profile)
     averaging = {label: server_optimiser(settings) for label, settings in declared.items()
-                 if get_method(str(settings["method"])).strategy.server_step_refusal is None}  # fmt: skip
+                 if get_method(str(settings["method"])).server_step_refusal is None}  # fmt: skip
     plain = tuple(option.default for option in SERVER_OPTIMISER_OPTIONS)
     assert len(set(averaging.values())) == 1, averaging
     # The selection chose FedAvgM for every averaging arm: a grid that forgot it on all of them

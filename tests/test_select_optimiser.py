@@ -17,7 +17,7 @@ seed = [0]
 method = ["fedavg"]
 [profiles.e4b-competitors-select]
 seed = [0]
-method = ["ifca", { label = "ifca-fedavgm", method = "ifca", server-momentum = 0.5 }, "dac"]
+method = [{ label = "ifca-fedavgm", method = "ifca", server-momentum = 0.5 }, "ifca", "dac"]
 """
 
 
@@ -54,7 +54,7 @@ def test_the_higher_seed_0_validation_wins_and_the_profile_runs_it_at_seeds_1_an
     assert experiment.axes["method"] == [{"label": "ifca-fedavgm", "method": "ifca", "server-momentum": 0.5}, "dac"]
 
 
-def test_an_exact_tie_keeps_the_plain_server(tmp_path):
+def test_an_exact_tie_keeps_the_plain_server_whichever_the_grid_lists_first(tmp_path):
     choices, _ = folder(tmp_path, {"ifca": 0.80, "ifca-fedavgm": 0.80, "dac": 0.70})
     assert choices[0].chosen() == "ifca"
 

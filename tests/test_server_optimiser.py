@@ -373,8 +373,7 @@ def test_a_comparisons_server_optimiser_is_every_averaging_arms_and_no_arm_witho
     planned = {run.config.method: run.config for run in plan(experiment, default_config(), Path("/nonexistent"))}
     assert set(planned) == set(methods)
     for method, config in planned.items():
-        averaging = get_method(method).strategy is not None and get_method(method).strategy.server_step_refusal is None
-        expected = (0.5, 0.8) if averaging else (0.0, 1.0)
+        expected = (0.5, 0.8) if get_method(method).server_step_refusal is None else (0.0, 1.0)
         assert (SERVER_MOMENTUM.of(config), SERVER_LEARNING_RATE.of(config)) == expected, method
     bundle = {"label": "local-m", "method": "local", "server-momentum": 0.5}
     with pytest.raises(FedcondError, match="local has no server average to step"):

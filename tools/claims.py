@@ -638,7 +638,7 @@ def _named_methods(folder: Path) -> dict[str, tuple[str, str]]:
 
     experiment = load_experiment(folder)
     methods = registry()
-    optimiser_keys = {option.key: option.default for option in SERVER_OPTIMISER}
+    optimiser_keys = {option.key for option in SERVER_OPTIMISER}
     names: dict[str, tuple[str, str]] = {}
     for entry in experiment.axes.get("method", []):
         if isinstance(entry, str):
@@ -646,7 +646,7 @@ def _named_methods(folder: Path) -> dict[str, tuple[str, str]]:
             continue
         label, base = str(entry["label"]), str(entry.get("method", ""))
         settings = {key: value for key, value in entry.items() if key not in ("label", "method", *optimiser_keys)}
-        optimiser = server_optimiser_name({key: entry.get(key, default) for key, default in optimiser_keys.items()})
+        optimiser = server_optimiser_name(entry)
         for name, method in methods.items():
             fixed = {key: value for key, value in method.fixed_settings if key not in optimiser_keys}
             if method.variant_of == base and fixed == settings:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from fedcond.config import RunConfig
 from fedcond.errors import FedcondError
-from fedcond.tools.experiment import load_experiment, read_grid_file
+from fedcond.tools.experiment import METRICS_FILE, load_experiment, read_grid_file
 from tools import reported
-from tools.claims import VALIDATION_COLUMN, metrics_rows
+from tools.claims import VALIDATION_COLUMN, metrics_rows, server_optimiser_name
 
 GRID = Path("experiments/grids/like-for-like.toml")
 #: The profile whose method bundles are the candidates, and the seed they ran at.
@@ -75,7 +75,7 @@ def toml_entry(entry: Mapping | str) -> str:
 def read_choices(folder: Path, grid: Path = GRID, profile: str = PROFILE) -> list[Choice]:
     """Each competitor's candidates' final validation accuracy at ``SEED`` in ``folder``."""
     rounds = int(load_experiment(folder).settings.get("num-server-rounds", RunConfig().num_server_rounds))
-    rows = metrics_rows(folder) if (folder / "metrics.csv").is_file() else []
+    rows = metrics_rows(folder) if (folder / METRICS_FILE).is_file() else []
     last: dict[str, tuple[int, float]] = {}
     for row in rows:
         if row.get("seed") != SEED:
@@ -95,7 +95,7 @@ def read_choices(folder: Path, grid: Path = GRID, profile: str = PROFILE) -> lis
                     f"{folder}: {bundle['label']} has no {VALIDATION_COLUMN}; run it with validation-fraction"
                 )
             finals[str(bundle["label"])] = value if number == rounds else None
-        optimised = {str(bundle["label"]): float(bundle.get("server-momentum", 0.0)) != 0 for bundle in bundles}
+        optimised = {str(bundle["label"]): bool(server_optimiser_name(bundle)) for bundle in bundles}
         choices.append(Choice(method, {str(_bundle(entry)["label"]): entry for entry in entries}, finals, optimised))
     return choices
 

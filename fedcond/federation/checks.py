@@ -27,7 +27,7 @@ from fedcond.federation.methods import (
 from fedcond.federation.sampling import check_sampling
 from fedcond.fingerprint.fingerprints import check_label_free
 from fedcond.model.networks import has_batch_norm
-from fedcond.model.server_optimiser import POOLED_REFUSAL, check_server_optimiser
+from fedcond.model.server_optimiser import check_server_optimiser
 from fedcond.newcomers import NEWCOMER_STEPS
 from fedcond.privacy import dp as privacy
 from fedcond.privacy import secure_aggregation as secagg_settings
@@ -62,8 +62,7 @@ def check_run(
             f"(compare: --methods {','.join(supported)})"
         )
     check_options_apply(config, method, compared_options)
-    refusal = method.strategy.server_step_refusal if method.strategy is not None else POOLED_REFUSAL
-    check_server_optimiser(config, method.name, refusal)
+    check_server_optimiser(config, method.name, method.server_step_refusal)
     check_newcomers(config, method)
     check_model_settings(config, method)
     check_clusters_exist(config, method)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fedcond.config import Option, RunConfig
 from fedcond.errors import FedcondError
 from fedcond.federation.declaration import Declaration, Facts
+from fedcond.model.server_optimiser import POOLED_REFUSAL
 from fedcond.model.store import CLIENT_STATE_DIR
 from fedcond.pooled import POOLED_METHODS, not_a_federation
 from fedcond.records.history import CHECKPOINT_EVERY, RESUME
@@ -104,6 +105,12 @@ class Method:
     def state_lost_on_resume(self) -> str:
         """What a resumed run of this method starts afresh (kept on clients, not in the checkpoint)."""
         return self.client.state_lost_on_resume if self.client is not None else ""
+
+    @property
+    def server_step_refusal(self) -> str | None:
+        """Why its server has no average for a server optimiser to step (its strategy's reason, or the
+        pooled protocol's); None: it has one (``server-momentum`` applies)."""
+        return self.strategy.server_step_refusal if self.strategy is not None else POOLED_REFUSAL
 
     @property
     def needs_true_clusters(self) -> bool:

@@ -328,26 +328,20 @@ def _folder_name(labels: Mapping[str, str]) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", "_".join(parts)) or "run"
 
 
-def _with_comparison_server_optimiser(
-    given: dict[str, Any], fixed: Mapping[str, Any], combination: Sequence[Any], axes: Sequence[tuple[str, Any]]
-) -> dict[str, Any]:
-    """``given`` without the server optimiser the whole comparison was given (``fixed``: compare's
-    settings, a grid's [settings]) where this point's method has no server average to step (local,
-    gossip, DAC, pFedHN, the pooled references): a comparison's FedAvgM is every averaging arm's, the
-    same tool for each (docs/comparisons.md), and no tool for an arm without one. Given to such a
-    method by name (a bundle, or one run) it is still refused."""
+def _with_comparison_server_optimiser(given: dict[str, Any], comparison_wide: set[str]) -> dict[str, Any]:
+    """``given`` without the server optimiser the whole comparison was given (``comparison_wide``: the
+    keys of compare's settings, a grid's [settings], that no axis value of this point set again) where
+    this point's method has no server average to step (local, gossip, DAC, pFedHN, the pooled
+    references): a comparison's FedAvgM is every averaging arm's, the same tool for each
+    (docs/comparisons.md), and no tool for an arm without one. Given to such a method by name (a
+    bundle, or one run) it is still refused."""
     from fedcond.federation.methods import get_method
     from fedcond.model.server_optimiser import OPTIONS as SERVER_OPTIMISER
 
-    comparison_wide = {option.key for option in SERVER_OPTIMISER} & set(fixed)
-    for (axis, _), value in zip(axes, combination, strict=True):
-        comparison_wide -= set(_settings_of(axis, value))
-    if not comparison_wide:
+    optimiser = {option.key for option in SERVER_OPTIMISER} & comparison_wide
+    if not optimiser or get_method(str(given.get("method", RunConfig.method))).server_step_refusal is None:
         return given
-    strategy = get_method(str(given.get("method", RunConfig.method))).strategy
-    if strategy is not None and strategy.server_step_refusal is None:
-        return given
-    return {key: value for key, value in given.items() if key not in comparison_wide}
+    return {key: value for key, value in given.items() if key not in optimiser}
 
 
 def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> list[PlannedRun]:
@@ -366,10 +360,13 @@ def plan(experiment: Experiment, base: Mapping[str, Any], runs_dir: Path) -> lis
     for combination in itertools.product(*(values for _, values in axes)):
         given = dict(experiment.settings)
         labels = {}
+        comparison_wide = set(experiment.settings)
         for (axis, _), value in zip(axes, combination, strict=True):
-            given.update(_settings_of(axis, value))
+            point = _settings_of(axis, value)
+            given.update(point)
+            comparison_wide -= set(point)
             labels[axis] = axis_label(value)
-        given = _with_comparison_server_optimiser(given, experiment.settings, combination, axes)
+        given = _with_comparison_server_optimiser(given, comparison_wide)
         name = _folder_name(labels)
         values = {**base, **given, "results-dir": str(runs_dir), "run-name": name, "verbose": False}
         config = run_config(values, given)
